@@ -1,0 +1,5 @@
+//! Integration tests for `tocsin-wheel`: one binary, one module per concern.
+
+mod memory;
+mod model;
+mod rebuild;
