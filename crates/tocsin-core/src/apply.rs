@@ -1,0 +1,515 @@
+//! The apply rules: how each [`Command`] changes a shard's timers.
+//!
+//! Pure and deterministic: the rules see the stored timers through
+//! [`TimerTable`], the shard's counters and epoch through [`ShardMeta`], and
+//! time only as [`ApplyCtx::now_ms`], stamped by the leader into the entry.
+//! Every replica applying the same entry to the same state reaches the same
+//! state and returns the same [`CommandResult`]s.
+//!
+//! Two kinds of trouble are told apart:
+//! - a command that does not fit the current state (a `Fire` after a cancel, a
+//!   stale epoch, a late ack) is an expected race: it changes nothing and
+//!   returns [`CommandResult::Skipped`];
+//! - state that breaks an invariant (a firing timer without fire facts, a
+//!   counter going negative) is corruption: [`ApplyError::Invariant`], on
+//!   which the store stops the group rather than limp on.
+
+use serde::Deserialize;
+use serde::Serialize;
+
+use crate::NodeId;
+use crate::command::AttemptOutcome;
+use crate::command::Command;
+use crate::command::CommandResult;
+use crate::command::Proposal;
+use crate::command::SkipReason;
+use crate::limits;
+use crate::timer::FirePhase;
+use crate::timer::FireRecord;
+use crate::timer::TimerKey;
+use crate::timer::TimerRecord;
+use crate::timer::TimerState;
+
+/// Where a command sits in the log, and the leader's stamped time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ApplyCtx {
+    /// Log index of the entry.
+    pub index: u64,
+    /// The command's position within the entry's proposal.
+    pub position: u32,
+    pub now_ms: u64,
+}
+
+impl ApplyCtx {
+    /// A number unique to this command in the shard's history: the log
+    /// index and the position in the entry, `index × 4096 + position`.
+    pub fn sequence(&self) -> u64 {
+        debug_assert!((self.position as usize) < crate::command::MAX_COMMANDS_PER_PROPOSAL);
+        self.index * crate::command::MAX_COMMANDS_PER_PROPOSAL as u64 + u64::from(self.position)
+    }
+}
+
+/// Per-shard state beside the timers: the fencing epoch and live counts.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardMeta {
+    /// Log index of the latest applied `LeaderEpoch` entry; 0 before any.
+    pub epoch: u64,
+    /// The node that proposed it.
+    pub epoch_leader: NodeId,
+    /// Timers in `SCHEDULED`.
+    pub scheduled: u64,
+    /// Timers in `FIRING`.
+    pub firing: u64,
+    /// Finished timers still retained.
+    pub finished: u64,
+}
+
+/// The stored timers of one shard, as the rules see them.
+pub trait TimerTable {
+    type Error;
+
+    fn get(&mut self, key: &TimerKey) -> std::result::Result<Option<TimerRecord>, Self::Error>;
+
+    /// Replaces `old` (what [`get`](Self::get) returned) by `new`. The
+    /// store derives its index changes from the two.
+    fn write(
+        &mut self,
+        key: &TimerKey,
+        old: Option<&TimerRecord>,
+        new: Option<&TimerRecord>,
+    ) -> std::result::Result<(), Self::Error>;
+}
+
+/// Why apply could not go on.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError<E> {
+    #[error("storage error: {0}")]
+    Storage(E),
+    #[error("broken invariant at log index {index}: {message}")]
+    Invariant { index: u64, message: String },
+}
+
+type Result<T, E> = std::result::Result<T, ApplyError<E>>;
+
+/// Applies every command of one entry, in order.
+pub fn apply_proposal<T: TimerTable>(
+    table: &mut T,
+    meta: &mut ShardMeta,
+    index: u64,
+    proposal: &Proposal,
+) -> Result<Vec<CommandResult>, T::Error> {
+    if proposal.commands.len() > crate::command::MAX_COMMANDS_PER_PROPOSAL {
+        return Err(ApplyError::Invariant {
+            index,
+            message: format!(
+                "entry carries {} commands, more than {}",
+                proposal.commands.len(),
+                crate::command::MAX_COMMANDS_PER_PROPOSAL
+            ),
+        });
+    }
+    proposal
+        .commands
+        .iter()
+        .enumerate()
+        .map(|(position, cmd)| {
+            let ctx = ApplyCtx { index, position: position as u32, now_ms: proposal.now_ms };
+            apply_command(table, meta, ctx, cmd)
+        })
+        .collect()
+}
+
+/// Applies one command.
+pub fn apply_command<T: TimerTable>(
+    table: &mut T,
+    meta: &mut ShardMeta,
+    ctx: ApplyCtx,
+    cmd: &Command,
+) -> Result<CommandResult, T::Error> {
+    let mut rules = Rules { table, meta, ctx };
+    match cmd {
+        Command::Create { key, spec, fire_at_ms, retry, retention_ms } => {
+            if spec.payload.len() > limits::HARD_MAX_PAYLOAD_BYTES || spec.labels.len() > limits::MAX_LABELS {
+                return Ok(CommandResult::Skipped { reason: SkipReason::OverLimit });
+            }
+            let digest = spec.digest();
+            match rules.get(key)? {
+                Some(existing) if existing.spec_digest == digest => {
+                    Ok(CommandResult::Created { record: existing, created: false })
+                }
+                Some(existing) => Ok(CommandResult::AlreadyExists { record: existing }),
+                None => {
+                    let record = TimerRecord {
+                        state: TimerState::Scheduled,
+                        fire_at_ms: *fire_at_ms,
+                        payload: spec.payload.clone(),
+                        labels: spec.labels.clone(),
+                        callback: spec.callback.clone(),
+                        retry: *retry,
+                        spec_digest: digest,
+                        generation: 1,
+                        created_at_ms: ctx.now_ms,
+                        created_index: ctx.index,
+                        fire: None,
+                        finished_at_ms: 0,
+                        retention_ms: *retention_ms,
+                    };
+                    rules.put(key, None, record.clone())?;
+                    Ok(CommandResult::Created { record, created: true })
+                }
+            }
+        }
+        Command::Cancel { key } => rules.cancel(key),
+        Command::Reschedule { key, expected_generation, fire_at_ms } => {
+            rules.reschedule(key, *expected_generation, *fire_at_ms)
+        }
+        Command::Fire { key, due_ms, epoch, timeout_ms } => rules.fire(key, *due_ms, *epoch, *timeout_ms),
+        Command::Reserve { key, fire_index, expected_attempt, epoch, until_ms } => {
+            rules.reserve(key, *fire_index, *expected_attempt, *epoch, *until_ms)
+        }
+        Command::AttemptResult { key, fire_index, attempt, outcome } => {
+            rules.attempt_result(key, *fire_index, *attempt, outcome)
+        }
+        Command::LeaderEpoch { leader } => {
+            // A second epoch command in the same entry changes nothing; an
+            // older index than the current epoch means the log went backwards.
+            if ctx.index == rules.meta.epoch {
+                return Ok(CommandResult::Epoch { epoch: rules.meta.epoch, leader: rules.meta.epoch_leader });
+            }
+            if ctx.index < rules.meta.epoch {
+                return Err(rules.broken(format!("epoch would go from {} to {}", rules.meta.epoch, ctx.index)));
+            }
+            rules.meta.epoch = ctx.index;
+            rules.meta.epoch_leader = *leader;
+            Ok(CommandResult::Epoch { epoch: ctx.index, leader: *leader })
+        }
+        Command::Purge { keys } => {
+            let mut count = 0;
+            for key in keys {
+                let Some(record) = rules.get(key)? else { continue };
+                match record.purge_after_ms() {
+                    Some(after) if after <= ctx.now_ms => {
+                        rules.put_none(key, record)?;
+                        count += 1;
+                    }
+                    _ => {}
+                }
+            }
+            Ok(CommandResult::Purged { count })
+        }
+    }
+}
+
+struct Rules<'a, T> {
+    table: &'a mut T,
+    meta: &'a mut ShardMeta,
+    ctx: ApplyCtx,
+}
+
+impl<T: TimerTable> Rules<'_, T> {
+    fn broken(&self, message: String) -> ApplyError<T::Error> {
+        ApplyError::Invariant { index: self.ctx.index, message }
+    }
+
+    fn get(&mut self, key: &TimerKey) -> Result<Option<TimerRecord>, T::Error> {
+        let record = self.table.get(key).map_err(ApplyError::Storage)?;
+        if let Some(record) = &record {
+            self.check(key, record)?;
+        }
+        Ok(record)
+    }
+
+    /// Invariants every stored record satisfies, checked when read and
+    /// before written (TigerBeetle's paired assertions).
+    fn check(&self, key: &TimerKey, record: &TimerRecord) -> Result<(), T::Error> {
+        let fire_ok = match record.state {
+            TimerState::Scheduled => record.fire.is_none(),
+            TimerState::Firing => record.fire.is_some(),
+            TimerState::Delivered | TimerState::Dead => record.fire.is_some(),
+            TimerState::Cancelled => record.fire.is_none(),
+        };
+        if !fire_ok {
+            return Err(self.broken(format!("{key}: state {:?} with fire facts {:?}", record.state, record.fire)));
+        }
+        if record.generation == 0 {
+            return Err(self.broken(format!("{key}: generation 0")));
+        }
+        if record.state.is_terminal() != (record.finished_at_ms != 0) {
+            return Err(self.broken(format!("{key}: state {:?} finished_at {}", record.state, record.finished_at_ms)));
+        }
+        Ok(())
+    }
+
+    /// Writes `new` over `old`, keeping the shard's counters in step.
+    fn put(&mut self, key: &TimerKey, old: Option<&TimerRecord>, new: TimerRecord) -> Result<(), T::Error> {
+        self.check(key, &new)?;
+        self.count(old.map(|r| r.state), Some(new.state))?;
+        self.table.write(key, old, Some(&new)).map_err(ApplyError::Storage)
+    }
+
+    fn put_none(&mut self, key: &TimerKey, old: TimerRecord) -> Result<(), T::Error> {
+        self.count(Some(old.state), None)?;
+        self.table.write(key, Some(&old), None).map_err(ApplyError::Storage)
+    }
+
+    fn count(&mut self, old: Option<TimerState>, new: Option<TimerState>) -> Result<(), T::Error> {
+        if old == new {
+            return Ok(());
+        }
+        if let Some(old) = old {
+            let counter = counter_for(self.meta, old);
+            *counter = counter.checked_sub(1).ok_or_else(|| ApplyError::Invariant {
+                index: self.ctx.index,
+                message: format!("counter for {old:?} would go below zero"),
+            })?;
+        }
+        if let Some(new) = new {
+            *counter_for(self.meta, new) += 1;
+        }
+        Ok(())
+    }
+
+    fn cancel(&mut self, key: &TimerKey) -> Result<CommandResult, T::Error> {
+        let Some(record) = self.get(key)? else {
+            return Ok(CommandResult::NotFound);
+        };
+        match record.state {
+            TimerState::Scheduled => {
+                let mut new = record.clone();
+                new.state = TimerState::Cancelled;
+                new.finished_at_ms = self.ctx.now_ms.max(1);
+                self.put(key, Some(&record), new.clone())?;
+                Ok(CommandResult::Cancelled { record: new })
+            }
+            TimerState::Cancelled => Ok(CommandResult::AlreadyCancelled { record }),
+            TimerState::Firing | TimerState::Delivered | TimerState::Dead => Ok(CommandResult::AlreadyFired { record }),
+        }
+    }
+
+    fn reschedule(&mut self, key: &TimerKey, expected: u64, fire_at_ms: u64) -> Result<CommandResult, T::Error> {
+        let Some(record) = self.get(key)? else {
+            return Ok(CommandResult::NotFound);
+        };
+        if record.state != TimerState::Scheduled {
+            return Ok(CommandResult::NotScheduled { state: record.state });
+        }
+        if record.generation != expected {
+            return Ok(CommandResult::GenerationMismatch { current: record.generation });
+        }
+        let mut new = record.clone();
+        new.fire_at_ms = fire_at_ms;
+        new.generation += 1;
+        self.put(key, Some(&record), new.clone())?;
+        Ok(CommandResult::Rescheduled { record: new })
+    }
+
+    fn fire(&mut self, key: &TimerKey, due_ms: u64, epoch: u64, timeout_ms: u64) -> Result<CommandResult, T::Error> {
+        let Some(record) = self.get(key)? else {
+            return Ok(skip(SkipReason::NotFound));
+        };
+        // Epoch 0 means no leader has established itself yet: nobody fires.
+        if epoch != self.meta.epoch || epoch == 0 {
+            return Ok(skip(SkipReason::StaleEpoch));
+        }
+        if record.due_ms() != Some(due_ms) {
+            // Cancelled, rescheduled or moved on since the leader loaded it.
+            return Ok(skip(SkipReason::Stale));
+        }
+        let now = self.ctx.now_ms;
+        if due_ms > now {
+            return Ok(skip(SkipReason::NotDue));
+        }
+        let pull = record.callback.is_pull();
+        if let Some(fire) = &record.fire
+            && matches!(fire.phase, FirePhase::InFlight { .. })
+            && fire.epoch == epoch
+        {
+            // This leader started that attempt and is tracking it: a second look
+            // from its wheel must not start another.
+            return Ok(skip(SkipReason::Stale));
+        }
+        let mut new = record.clone();
+        match &mut new.fire {
+            None => {
+                // SCHEDULED -> FIRING: the fire itself.
+                new.state = TimerState::Firing;
+                new.fire = Some(FireRecord {
+                    fire_index: self.ctx.sequence(),
+                    epoch,
+                    attempt: if pull { 0 } else { 1 },
+                    attempt_index: self.ctx.index,
+                    fired_at_ms: now,
+                    attempt_started_at_ms: now,
+                    phase: if pull {
+                        FirePhase::Ready { since_ms: now }
+                    } else {
+                        FirePhase::InFlight { since_ms: now, until_ms: now.saturating_add(timeout_ms) }
+                    },
+                    last_error: String::new(),
+                });
+                if past_give_up(&new, now) {
+                    return self.die(key, record, new, "gave up: fired after retry.give_up_after_ms");
+                }
+            }
+            Some(fire) if pull => {
+                // A reservation ran out under an earlier leader, or a nack's backoff
+                // ended: ready for the next consumer. Already ready: nothing changes.
+                if matches!(fire.phase, FirePhase::Ready { .. }) {
+                    return Ok(CommandResult::Dispatch { record });
+                }
+                fire.phase = FirePhase::Ready { since_ms: now };
+            }
+            Some(fire) => {
+                // A webhook retry, or a redelivery of an attempt an earlier leader
+                // left in flight.
+                if fire.attempt >= record.retry.max_attempts.max(1) {
+                    let error = format!("gave up after {} attempts: {}", fire.attempt, fire.last_error);
+                    return self.die(key, record, new, &error);
+                }
+                if past_give_up(&record, now) {
+                    return self.die(key, record, new, "gave up: retry.give_up_after_ms passed");
+                }
+                fire.attempt += 1;
+                fire.epoch = epoch;
+                fire.attempt_index = self.ctx.index;
+                fire.attempt_started_at_ms = now;
+                fire.phase = FirePhase::InFlight { since_ms: now, until_ms: now.saturating_add(timeout_ms) };
+            }
+        }
+        self.put(key, Some(&record), new.clone())?;
+        Ok(CommandResult::Dispatch { record: new })
+    }
+
+    fn reserve(
+        &mut self,
+        key: &TimerKey,
+        fire_index: u64,
+        expected_attempt: u32,
+        epoch: u64,
+        until_ms: u64,
+    ) -> Result<CommandResult, T::Error> {
+        let Some(record) = self.get(key)? else {
+            return Ok(skip(SkipReason::NotFound));
+        };
+        // Epoch 0 means no leader has established itself yet: nobody fires.
+        if epoch != self.meta.epoch || epoch == 0 {
+            return Ok(skip(SkipReason::StaleEpoch));
+        }
+        if record.state != TimerState::Firing || !record.callback.is_pull() {
+            return Ok(skip(SkipReason::WrongState));
+        }
+        let fire = record.fire.as_ref().expect("checked: firing timers have fire facts");
+        if fire.fire_index != fire_index || fire.attempt != expected_attempt {
+            return Ok(skip(SkipReason::Stale));
+        }
+        if matches!(fire.phase, FirePhase::Backoff { .. }) {
+            return Ok(skip(SkipReason::NotDue));
+        }
+        let now = self.ctx.now_ms;
+        let mut new = record.clone();
+        if fire.attempt >= record.retry.max_attempts.max(1) {
+            let error = format!("gave up after {} deliveries: {}", fire.attempt, fire.last_error);
+            return self.die(key, record, new, &error);
+        }
+        if past_give_up(&new, now) {
+            return self.die(key, record, new, "gave up: retry.give_up_after_ms passed");
+        }
+        let fire = new.fire.as_mut().expect("copied from a firing record");
+        fire.attempt += 1;
+        fire.epoch = epoch;
+        fire.attempt_index = self.ctx.index;
+        fire.attempt_started_at_ms = now;
+        fire.phase = FirePhase::InFlight { since_ms: now, until_ms };
+        self.put(key, Some(&record), new.clone())?;
+        Ok(CommandResult::Dispatch { record: new })
+    }
+
+    fn attempt_result(
+        &mut self,
+        key: &TimerKey,
+        fire_index: u64,
+        attempt: u32,
+        outcome: &AttemptOutcome,
+    ) -> Result<CommandResult, T::Error> {
+        let Some(record) = self.get(key)? else {
+            return Ok(skip(SkipReason::NotFound));
+        };
+        if record.state != TimerState::Firing {
+            return Ok(skip(SkipReason::WrongState));
+        }
+        let fire = record.fire.as_ref().expect("checked: firing timers have fire facts");
+        if fire.fire_index != fire_index || fire.attempt != attempt || attempt == 0 {
+            return Ok(skip(SkipReason::Stale));
+        }
+        if !matches!(fire.phase, FirePhase::InFlight { .. }) {
+            // The attempt already has a result (or the timer went back to ready).
+            return Ok(skip(SkipReason::Stale));
+        }
+        let now = self.ctx.now_ms;
+        let mut new = record.clone();
+        match outcome {
+            AttemptOutcome::Delivered => {
+                new.state = TimerState::Delivered;
+                new.finished_at_ms = now.max(1);
+            }
+            AttemptOutcome::GiveUp { error } => {
+                return self.die(key, record, new, error);
+            }
+            AttemptOutcome::Failed { error, retry_at_ms } => {
+                let out_of_attempts = attempt >= record.retry.max_attempts.max(1);
+                let out_of_time = record.retry.give_up_after_ms != 0 && *retry_at_ms > record.retry.give_up_after_ms;
+                if out_of_attempts || out_of_time {
+                    return self.die(key, record, new, error);
+                }
+                let fire = new.fire.as_mut().expect("copied from a firing record");
+                fire.phase = FirePhase::Backoff { at_ms: *retry_at_ms };
+                fire.last_error = truncate(error);
+            }
+        }
+        self.put(key, Some(&record), new.clone())?;
+        Ok(CommandResult::Recorded { record: new })
+    }
+
+    fn die(
+        &mut self,
+        key: &TimerKey,
+        old: TimerRecord,
+        mut new: TimerRecord,
+        error: &str,
+    ) -> Result<CommandResult, T::Error> {
+        new.state = TimerState::Dead;
+        new.finished_at_ms = self.ctx.now_ms.max(1);
+        if let Some(fire) = new.fire.as_mut() {
+            fire.last_error = truncate(error);
+        }
+        self.put(key, Some(&old), new.clone())?;
+        Ok(CommandResult::Dead { record: new })
+    }
+}
+
+fn counter_for(meta: &mut ShardMeta, state: TimerState) -> &mut u64 {
+    match state {
+        TimerState::Scheduled => &mut meta.scheduled,
+        TimerState::Firing => &mut meta.firing,
+        TimerState::Delivered | TimerState::Dead | TimerState::Cancelled => &mut meta.finished,
+    }
+}
+
+fn past_give_up(record: &TimerRecord, now_ms: u64) -> bool {
+    record.retry.give_up_after_ms != 0 && now_ms > record.retry.give_up_after_ms
+}
+
+fn skip(reason: SkipReason) -> CommandResult {
+    CommandResult::Skipped { reason }
+}
+
+fn truncate(error: &str) -> String {
+    if error.len() <= limits::MAX_ERROR_BYTES {
+        return error.to_string();
+    }
+    let mut end = limits::MAX_ERROR_BYTES;
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    error[..end].to_string()
+}

@@ -1,0 +1,200 @@
+//! The commands a shard's Raft log carries, and what applying each returns.
+//!
+//! One log entry carries a [`Proposal`]: a batch of commands plus the time
+//! the leader stamped on it. Everything apply needs is in the entry, so every
+//! replica reaches the same state (time is data).
+
+use serde::Deserialize;
+use serde::Serialize;
+
+use crate::timer::RetryPolicy;
+use crate::timer::TimerKey;
+use crate::timer::TimerRecord;
+use crate::timer::TimerSpec;
+use crate::timer::TimerState;
+
+/// Most commands in one log entry.
+pub const MAX_COMMANDS_PER_PROPOSAL: usize = 4096;
+
+/// The application payload of one Raft log entry.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Proposal {
+    /// The leader's wall clock when it built the entry, unix ms.
+    pub now_ms: u64,
+    pub commands: Vec<Command>,
+}
+
+impl std::fmt::Display for Proposal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "proposal(now_ms={}, commands={})", self.now_ms, self.commands.len())
+    }
+}
+
+/// One change to a shard's timers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Create a timer, or find an identical one.
+    Create {
+        key: TimerKey,
+        spec: TimerSpec,
+        /// The resolved absolute fire time.
+        fire_at_ms: u64,
+        /// The effective policy (defaults filled in by the leader).
+        retry: RetryPolicy,
+        retention_ms: u64,
+    },
+    Cancel {
+        key: TimerKey,
+    },
+    /// Compare-and-set of the fire time on `generation`.
+    Reschedule {
+        key: TimerKey,
+        expected_generation: u64,
+        fire_at_ms: u64,
+    },
+    /// The leader's wheel says `key` is due at `due_ms` (its key in the
+    /// fire-time index). If that still holds, apply takes the next step: a
+    /// scheduled timer fires (a webhook's first attempt starts, a pull timer
+    /// becomes ready); a webhook in backoff, or in flight under an earlier
+    /// leader, starts its next attempt; a pull timer becomes ready again. If
+    /// the timer moved on meanwhile (cancelled, rescheduled, delivered) this
+    /// is a no-op. `timeout_ms` bounds a webhook attempt started here.
+    Fire {
+        key: TimerKey,
+        due_ms: u64,
+        epoch: u64,
+        timeout_ms: u64,
+    },
+    /// A pull consumer reserved a ready timer until `until_ms`: the next
+    /// attempt starts.
+    Reserve {
+        key: TimerKey,
+        fire_index: u64,
+        expected_attempt: u32,
+        epoch: u64,
+        until_ms: u64,
+    },
+    /// How an attempt ended.
+    AttemptResult {
+        key: TimerKey,
+        fire_index: u64,
+        attempt: u32,
+        outcome: AttemptOutcome,
+    },
+    /// A new leader's first entry. Its log index becomes the shard's fencing
+    /// epoch.
+    LeaderEpoch {
+        leader: crate::NodeId,
+    },
+    /// Delete these finished timers, if their retention has run out.
+    Purge {
+        keys: Vec<TimerKey>,
+    },
+}
+
+impl Command {
+    /// The timer this command is about, if any.
+    pub fn key(&self) -> Option<&TimerKey> {
+        match self {
+            Command::Create { key, .. }
+            | Command::Cancel { key }
+            | Command::Reschedule { key, .. }
+            | Command::Fire { key, .. }
+            | Command::Reserve { key, .. }
+            | Command::AttemptResult { key, .. } => Some(key),
+            Command::LeaderEpoch { .. } | Command::Purge { .. } => None,
+        }
+    }
+}
+
+/// How a delivery attempt ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AttemptOutcome {
+    /// Acknowledged: webhook 2xx, or pull `Ack`.
+    Delivered,
+    /// Failed; retry at `retry_at_ms` (the leader drew the backoff and
+    /// jitter), unless attempts or time run out.
+    Failed { error: String, retry_at_ms: u64 },
+    /// Failed for good (for example a webhook answered 410 Gone).
+    GiveUp { error: String },
+}
+
+/// Why a command changed nothing.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SkipReason {
+    NotFound,
+    /// Proposed under an epoch that is no longer the shard's.
+    StaleEpoch,
+    /// The timer is not in the state the command expects (for example a
+    /// `Fire` after a cancel).
+    WrongState,
+    /// Refers to an older firing or attempt, or to a due time the timer no
+    /// longer has.
+    Stale,
+    /// A `Fire` stamped before the timer's fire time: never fire early.
+    NotDue,
+    /// Exceeds a compiled-in hard limit.
+    OverLimit,
+}
+
+/// What applying one command did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum CommandResult {
+    /// `created` is false when an identical timer already existed.
+    Created {
+        record: TimerRecord,
+        created: bool,
+    },
+    /// The id is taken by a timer with a different spec.
+    AlreadyExists {
+        record: TimerRecord,
+    },
+    Cancelled {
+        record: TimerRecord,
+    },
+    AlreadyCancelled {
+        record: TimerRecord,
+    },
+    AlreadyFired {
+        record: TimerRecord,
+    },
+    NotFound,
+    Rescheduled {
+        record: TimerRecord,
+    },
+    GenerationMismatch {
+        current: u64,
+    },
+    NotScheduled {
+        state: TimerState,
+    },
+    /// A delivery attempt was recorded: the leader dispatches it now.
+    Dispatch {
+        record: TimerRecord,
+    },
+    /// No attempt is left: the timer is now `DEAD`.
+    Dead {
+        record: TimerRecord,
+    },
+    /// An attempt result was recorded; `record` is the timer now.
+    Recorded {
+        record: TimerRecord,
+    },
+    Skipped {
+        reason: SkipReason,
+    },
+    /// The entry's index became the fencing epoch.
+    Epoch {
+        epoch: u64,
+        leader: crate::NodeId,
+    },
+    Purged {
+        count: u32,
+    },
+}
+
+/// What applying one log entry returned: one result per command.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyResponse {
+    pub results: Vec<CommandResult>,
+}

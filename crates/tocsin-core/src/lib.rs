@@ -1,0 +1,48 @@
+//! Tocsin's domain, free of I/O, clocks and frameworks.
+//!
+//! - [`timer`]: what a timer is ([`TimerRecord`]) and what a client asks for
+//!   ([`TimerSpec`]);
+//! - [`limits`] and [`validate`]: input rules, with the offending field named;
+//! - [`command`]: the commands a shard's Raft log carries;
+//! - [`apply`]: the pure, deterministic rules that apply a command to a
+//!   shard's state;
+//! - [`routing`]: key → shard (jump hash over xxh3) and shard → nodes (a
+//!   token ring);
+//! - [`backoff`]: the retry schedule.
+//!
+//! **Architecture Invariant:** nothing here reads a clock, touches a file or a
+//! socket, or links RocksDB, tonic or openraft. Time arrives as data
+//! (`now_ms` stamped by the shard leader into each log entry).
+
+pub mod apply;
+pub mod backoff;
+pub mod command;
+pub mod limits;
+pub mod mem_table;
+pub mod routing;
+pub mod timer;
+pub mod validate;
+
+pub use apply::ApplyCtx;
+pub use apply::ApplyError;
+pub use apply::ShardMeta;
+pub use apply::TimerTable;
+pub use command::Command;
+pub use command::CommandResult;
+pub use command::Proposal;
+pub use limits::Limits;
+pub use timer::Callback;
+pub use timer::FirePhase;
+pub use timer::FireRecord;
+pub use timer::FireTime;
+pub use timer::RetryPolicy;
+pub use timer::TimerKey;
+pub use timer::TimerRecord;
+pub use timer::TimerSpec;
+pub use timer::TimerState;
+pub use validate::ValidationError;
+
+/// A Raft node's id. Never reused for a different node.
+pub type NodeId = u64;
+/// A shard (virtual partition) number in `0..num_shards`.
+pub type ShardId = u32;

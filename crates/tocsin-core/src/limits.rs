@@ -1,0 +1,61 @@
+//! Every bound a request, a batch or a record must respect, in one place.
+//!
+//! [`Limits`] holds the configurable ones (a node reads them from its
+//! config); the `HARD_*` constants are compiled in and also checked while
+//! applying the log, so a misconfigured leader cannot bloat the log.
+
+use serde::Deserialize;
+use serde::Serialize;
+
+/// Largest payload any configuration may allow.
+pub const HARD_MAX_PAYLOAD_BYTES: usize = 1024 * 1024;
+/// Largest batch of creates in one call.
+pub const HARD_MAX_BATCH: usize = 1000;
+/// Most labels on a timer.
+pub const MAX_LABELS: usize = 16;
+pub const MAX_LABEL_KEY_BYTES: usize = 64;
+pub const MAX_LABEL_VALUE_BYTES: usize = 256;
+pub const MAX_NAMESPACE_BYTES: usize = 64;
+pub const MAX_ID_BYTES: usize = 256;
+pub const MAX_TOPIC_BYTES: usize = 64;
+pub const MAX_URL_BYTES: usize = 2048;
+/// Most delivery attempts a policy may ask for.
+pub const MAX_ATTEMPTS_CAP: u32 = 1000;
+/// Longest stored delivery error message.
+pub const MAX_ERROR_BYTES: usize = 256;
+/// Width of a horizon bucket: counts of upcoming fires are kept per minute.
+pub const HORIZON_BUCKET_MS: u64 = 60_000;
+
+/// Configurable limits and defaults. Every field is documented in
+/// `deploy/tocsin.example.toml`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Limits {
+    pub max_payload_bytes: usize,
+    pub max_batch: usize,
+    /// How far in the past an absolute fire time may be (client clock skew,
+    /// retried requests); such a timer fires at once.
+    pub max_past_skew_ms: u64,
+    /// How far ahead a fire time may be.
+    pub max_horizon_ms: u64,
+    /// How long a finished timer stays queryable, and its id taken.
+    pub retention_ms: u64,
+    pub default_max_attempts: u32,
+    pub default_initial_backoff_ms: u64,
+    pub default_max_backoff_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_payload_bytes: 64 * 1024,
+            max_batch: HARD_MAX_BATCH,
+            max_past_skew_ms: 60_000,
+            max_horizon_ms: 2 * 365 * 24 * 3600 * 1000,
+            retention_ms: 7 * 24 * 3600 * 1000,
+            default_max_attempts: 10,
+            default_initial_backoff_ms: 1_000,
+            default_max_backoff_ms: 300_000,
+        }
+    }
+}

@@ -1,0 +1,245 @@
+//! What a timer is: the client's request ([`TimerSpec`]) and the replicated
+//! row ([`TimerRecord`]) with its state machine
+//! `SCHEDULED → FIRING → DELIVERED | DEAD` and `SCHEDULED → CANCELLED`.
+
+use std::collections::BTreeMap;
+
+use serde::Deserialize;
+use serde::Serialize;
+use xxhash_rust::xxh3::Xxh3;
+
+/// A timer's name: unique within its namespace, chosen by the client.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct TimerKey {
+    pub namespace: String,
+    pub id: String,
+}
+
+impl TimerKey {
+    pub fn new(namespace: impl Into<String>, id: impl Into<String>) -> Self {
+        TimerKey { namespace: namespace.into(), id: id.into() }
+    }
+}
+
+impl std::fmt::Display for TimerKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.id)
+    }
+}
+
+/// Where a fired timer goes.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Callback {
+    /// An HTTP POST to this URL.
+    Webhook { url: String },
+    /// Held on a topic until a consumer reserves it.
+    Pull { topic: String },
+}
+
+impl Callback {
+    pub fn is_pull(&self) -> bool {
+        matches!(self, Callback::Pull { .. })
+    }
+}
+
+/// Delivery retries. In a request, zero fields mean "the default"; in a
+/// record, every field holds the effective value.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RetryPolicy {
+    pub max_attempts: u32,
+    pub initial_backoff_ms: u64,
+    pub max_backoff_ms: u64,
+    /// Absolute unix ms after which no attempt starts; 0 means no deadline.
+    pub give_up_after_ms: u64,
+}
+
+/// The fire time as the client gave it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FireTime {
+    /// Absolute unix milliseconds.
+    At(u64),
+    /// Milliseconds after the shard leader receives the request.
+    Delay(u64),
+}
+
+/// A create request's content, as the client sent it (before the leader
+/// resolved the fire time and filled in defaults). Two creates of the same
+/// id are "the same" when their specs are equal, compared by
+/// [`TimerSpec::digest`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimerSpec {
+    pub fire_time: FireTime,
+    /// Shared, reference-counted bytes: cloning a spec or record does not copy
+    /// the payload.
+    pub payload: bytes::Bytes,
+    pub labels: BTreeMap<String, String>,
+    pub callback: Callback,
+    pub retry: RetryPolicy,
+}
+
+impl TimerSpec {
+    /// A stable 128-bit digest of the spec, for idempotency checks. Each
+    /// field is length-prefixed, so distinct specs cannot collide by
+    /// concatenation.
+    pub fn digest(&self) -> u128 {
+        let mut h = Xxh3::new();
+        match self.fire_time {
+            FireTime::At(ms) => {
+                h.update(&[1]);
+                h.update(&ms.to_be_bytes());
+            }
+            FireTime::Delay(ms) => {
+                h.update(&[2]);
+                h.update(&ms.to_be_bytes());
+            }
+        }
+        hash_bytes(&mut h, &self.payload);
+        h.update(&(self.labels.len() as u64).to_be_bytes());
+        for (k, v) in &self.labels {
+            hash_bytes(&mut h, k.as_bytes());
+            hash_bytes(&mut h, v.as_bytes());
+        }
+        match &self.callback {
+            Callback::Webhook { url } => {
+                h.update(&[1]);
+                hash_bytes(&mut h, url.as_bytes());
+            }
+            Callback::Pull { topic } => {
+                h.update(&[2]);
+                hash_bytes(&mut h, topic.as_bytes());
+            }
+        }
+        h.update(&self.retry.max_attempts.to_be_bytes());
+        h.update(&self.retry.initial_backoff_ms.to_be_bytes());
+        h.update(&self.retry.max_backoff_ms.to_be_bytes());
+        h.update(&self.retry.give_up_after_ms.to_be_bytes());
+        h.digest128()
+    }
+}
+
+fn hash_bytes(h: &mut Xxh3, bytes: &[u8]) {
+    h.update(&(bytes.len() as u64).to_be_bytes());
+    h.update(bytes);
+}
+
+/// A timer's lifecycle state.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum TimerState {
+    Scheduled,
+    Firing,
+    Delivered,
+    Dead,
+    Cancelled,
+}
+
+impl TimerState {
+    /// Delivered, dead or cancelled: nothing more will happen to it.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, TimerState::Delivered | TimerState::Dead | TimerState::Cancelled)
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TimerState::Scheduled => "SCHEDULED",
+            TimerState::Firing => "FIRING",
+            TimerState::Delivered => "DELIVERED",
+            TimerState::Dead => "DEAD",
+            TimerState::Cancelled => "CANCELLED",
+        }
+    }
+}
+
+/// Where a firing timer's delivery stands. Each phase says when the shard
+/// leader must look at the timer next (its key in the fire-time index).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FirePhase {
+    /// An attempt started at `since_ms` and has no recorded result. The
+    /// leader that started it tracks it itself; a *new* leader finds it due
+    /// (since it is in the past) and delivers again at once: at-least-once.
+    /// `until_ms` is the pull reservation's end, or the webhook's timeout.
+    InFlight { since_ms: u64, until_ms: u64 },
+    /// The last attempt failed; the next one is due at `at_ms`.
+    Backoff { at_ms: u64 },
+    /// A pull timer waiting for a consumer since `since_ms`.
+    Ready { since_ms: u64 },
+}
+
+/// The facts about a fired timer's delivery.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FireRecord {
+    /// The fire command's sequence number (log index × 4096 + position in
+    /// the entry, see `ApplyCtx::sequence`): with the shard, the receiver's
+    /// deduplication key (see [`fire_id`]).
+    pub fire_index: u64,
+    /// The fencing epoch of the leader that started the latest attempt.
+    pub epoch: u64,
+    /// Attempts started so far.
+    pub attempt: u32,
+    /// Log index of the entry that started the latest attempt: a receiver
+    /// or checker can order it against a cancel's index.
+    pub attempt_index: u64,
+    pub fired_at_ms: u64,
+    pub attempt_started_at_ms: u64,
+    pub phase: FirePhase,
+    pub last_error: String,
+}
+
+/// The receiver-facing id of one firing of a timer: stable across delivery
+/// attempts, unique across shards and id reuse.
+pub fn fire_id(shard: u32, fire_index: u64) -> String {
+    format!("f-{shard}-{fire_index}")
+}
+
+/// The replicated row of one timer: the value under its key in a shard's
+/// state machine.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TimerRecord {
+    pub state: TimerState,
+    /// Absolute fire time, stamped by the leader.
+    pub fire_at_ms: u64,
+    pub payload: bytes::Bytes,
+    pub labels: BTreeMap<String, String>,
+    pub callback: Callback,
+    /// Effective retry policy.
+    pub retry: RetryPolicy,
+    /// Digest of the create request's spec, for idempotent creates.
+    pub spec_digest: u128,
+    /// 1 at creation, raised by each reschedule.
+    pub generation: u64,
+    pub created_at_ms: u64,
+    /// Log index of the create: tells apart two timers that reused an id
+    /// after retention.
+    pub created_index: u64,
+    pub fire: Option<FireRecord>,
+    /// When it reached a terminal state; 0 before.
+    pub finished_at_ms: u64,
+    /// How long it stays queryable once terminal.
+    pub retention_ms: u64,
+}
+
+impl TimerRecord {
+    /// When the shard leader must next look at this timer: the key of its
+    /// entry in the fire-time index. `None` for terminal timers.
+    pub fn due_ms(&self) -> Option<u64> {
+        match self.state {
+            TimerState::Scheduled => Some(self.fire_at_ms),
+            TimerState::Firing => self.fire.as_ref().map(|f| match f.phase {
+                FirePhase::InFlight { since_ms, .. } => since_ms,
+                FirePhase::Backoff { at_ms } => at_ms,
+                FirePhase::Ready { since_ms } => since_ms,
+            }),
+            TimerState::Delivered | TimerState::Dead | TimerState::Cancelled => None,
+        }
+    }
+
+    /// When a terminal timer may be purged: the key of its entry in the
+    /// retention index. `None` while it is live.
+    pub fn purge_after_ms(&self) -> Option<u64> {
+        self.state.is_terminal().then(|| self.finished_at_ms.saturating_add(self.retention_ms))
+    }
+
+    /// The horizon bucket a scheduled timer counts in (its fire minute).
+    pub fn horizon_minute(&self) -> Option<u64> {
+        (self.state == TimerState::Scheduled).then_some(self.fire_at_ms / crate::limits::HORIZON_BUCKET_MS)
+    }
+}

@@ -1,0 +1,276 @@
+//! Input rules. Each failure names the offending field and says what is
+//! wrong in a lowercase message with no trailing period, so the API layer can
+//! answer `INVALID_ARGUMENT` with the field.
+
+use crate::limits;
+use crate::limits::Limits;
+use crate::timer::Callback;
+use crate::timer::FireTime;
+use crate::timer::RetryPolicy;
+use crate::timer::TimerKey;
+use crate::timer::TimerSpec;
+
+/// A request field that breaks a rule.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct ValidationError {
+    /// The field's name in the API, such as `namespace` or `callback.webhook.url`.
+    pub field: String,
+    pub message: String,
+}
+
+impl ValidationError {
+    pub fn new(field: impl Into<String>, message: impl Into<String>) -> Self {
+        ValidationError { field: field.into(), message: message.into() }
+    }
+}
+
+type Result<T = ()> = std::result::Result<T, ValidationError>;
+
+/// `[a-z0-9._-]{1,64}`: namespaces and pull topics.
+fn check_name(field: &str, value: &str, max: usize) -> Result {
+    if value.is_empty() {
+        return Err(ValidationError::new(field, "must not be empty"));
+    }
+    if value.len() > max {
+        return Err(ValidationError::new(field, format!("must be at most {max} bytes")));
+    }
+    if let Some(c) = value.chars().find(|c| !matches!(c, 'a'..='z' | '0'..='9' | '.' | '_' | '-')) {
+        return Err(ValidationError::new(field, format!("must match [a-z0-9._-], found {c:?}")));
+    }
+    Ok(())
+}
+
+pub fn check_namespace(namespace: &str) -> Result {
+    check_name("namespace", namespace, limits::MAX_NAMESPACE_BYTES)
+}
+
+/// 1–256 bytes of UTF-8 (a Rust `str` is already valid UTF-8), without
+/// control characters, which would make logs and URLs ambiguous.
+pub fn check_id(id: &str) -> Result {
+    if id.is_empty() {
+        return Err(ValidationError::new("id", "must not be empty"));
+    }
+    if id.len() > limits::MAX_ID_BYTES {
+        return Err(ValidationError::new("id", format!("must be at most {} bytes", limits::MAX_ID_BYTES)));
+    }
+    if id.chars().any(char::is_control) {
+        return Err(ValidationError::new("id", "must not contain control characters"));
+    }
+    Ok(())
+}
+
+pub fn check_key(key: &TimerKey) -> Result {
+    check_namespace(&key.namespace)?;
+    check_id(&key.id)
+}
+
+pub fn check_callback(callback: &Callback) -> Result {
+    match callback {
+        Callback::Webhook { url } => check_webhook_url(url),
+        Callback::Pull { topic } => check_name("callback.pull.topic", topic, limits::MAX_TOPIC_BYTES),
+    }
+}
+
+/// An absolute `http` or `https` URL with a host. Which addresses a node may
+/// call is the node's policy, not a property of the request.
+pub fn check_webhook_url(url: &str) -> Result {
+    const FIELD: &str = "callback.webhook.url";
+    if url.len() > limits::MAX_URL_BYTES {
+        return Err(ValidationError::new(FIELD, format!("must be at most {} bytes", limits::MAX_URL_BYTES)));
+    }
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| ValidationError::new(FIELD, "must be an http:// or https:// url"))?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    let host = authority.rsplit('@').next().unwrap_or("");
+    if host.is_empty() || host.starts_with(':') {
+        return Err(ValidationError::new(FIELD, "must name a host"));
+    }
+    if url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(ValidationError::new(FIELD, "must not contain whitespace or control characters"));
+    }
+    Ok(())
+}
+
+pub fn check_labels(labels: &std::collections::BTreeMap<String, String>) -> Result {
+    if labels.len() > limits::MAX_LABELS {
+        return Err(ValidationError::new("labels", format!("at most {} labels", limits::MAX_LABELS)));
+    }
+    for (k, v) in labels {
+        if k.is_empty() || k.len() > limits::MAX_LABEL_KEY_BYTES {
+            return Err(ValidationError::new(
+                "labels",
+                format!("label keys must be 1-{} bytes", limits::MAX_LABEL_KEY_BYTES),
+            ));
+        }
+        if v.len() > limits::MAX_LABEL_VALUE_BYTES {
+            return Err(ValidationError::new(
+                "labels",
+                format!("label {k:?}: values must be at most {} bytes", limits::MAX_LABEL_VALUE_BYTES),
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub fn check_retry(retry: &RetryPolicy) -> Result {
+    if retry.max_attempts > limits::MAX_ATTEMPTS_CAP {
+        return Err(ValidationError::new(
+            "retry.max_attempts",
+            format!("must be at most {}", limits::MAX_ATTEMPTS_CAP),
+        ));
+    }
+    if retry.max_backoff_ms != 0 && retry.initial_backoff_ms > retry.max_backoff_ms {
+        return Err(ValidationError::new("retry.initial_backoff_ms", "must not exceed retry.max_backoff_ms"));
+    }
+    Ok(())
+}
+
+pub fn check_payload(payload: &[u8], limits: &Limits) -> Result {
+    if payload.len() > limits.max_payload_bytes.min(limits::HARD_MAX_PAYLOAD_BYTES) {
+        return Err(ValidationError::new(
+            "payload",
+            format!("is {} bytes, the limit is {}", payload.len(), limits.max_payload_bytes),
+        ));
+    }
+    Ok(())
+}
+
+/// Every rule a create request must pass before it reaches a leader.
+pub fn check_create(key: &TimerKey, spec: &TimerSpec, limits: &Limits) -> Result {
+    check_key(key)?;
+    check_payload(&spec.payload, limits)?;
+    check_labels(&spec.labels)?;
+    check_callback(&spec.callback)?;
+    check_retry(&spec.retry)?;
+    check_fire_time_shape("fire_at_ms", spec.fire_time, limits)
+}
+
+/// The checks that need no clock: a delay within the horizon.
+pub fn check_fire_time_shape(field: &str, fire_time: FireTime, limits: &Limits) -> Result {
+    match fire_time {
+        FireTime::Delay(ms) if ms > limits.max_horizon_ms => {
+            Err(ValidationError::new("delay_ms", format!("must be at most {} ms", limits.max_horizon_ms)))
+        }
+        FireTime::At(0) => Err(ValidationError::new(field, "must be set, or give delay_ms")),
+        _ => Ok(()),
+    }
+}
+
+/// Turns the requested fire time into an absolute one at the leader's
+/// `now_ms`: an absolute time more than `max_past_skew_ms` in the past, or
+/// any time beyond the horizon, is refused.
+pub fn resolve_fire_at(fire_time: FireTime, now_ms: u64, limits: &Limits) -> Result<u64> {
+    match fire_time {
+        FireTime::Delay(ms) => {
+            check_fire_time_shape("delay_ms", fire_time, limits)?;
+            Ok(now_ms.saturating_add(ms))
+        }
+        FireTime::At(at) => {
+            check_fire_time_shape("fire_at_ms", fire_time, limits)?;
+            if at.saturating_add(limits.max_past_skew_ms) < now_ms {
+                return Err(ValidationError::new(
+                    "fire_at_ms",
+                    format!(
+                        "is {} ms in the past, more than the accepted skew of {} ms",
+                        now_ms - at,
+                        limits.max_past_skew_ms
+                    ),
+                ));
+            }
+            if at > now_ms.saturating_add(limits.max_horizon_ms) {
+                return Err(ValidationError::new(
+                    "fire_at_ms",
+                    format!("is more than {} ms ahead", limits.max_horizon_ms),
+                ));
+            }
+            Ok(at)
+        }
+    }
+}
+
+/// The retry policy a new record stores: the request's, with defaults
+/// filled in.
+pub fn effective_retry(requested: &RetryPolicy, limits: &Limits) -> RetryPolicy {
+    let max_backoff_ms = if requested.max_backoff_ms == 0 {
+        limits.default_max_backoff_ms.max(requested.initial_backoff_ms)
+    } else {
+        requested.max_backoff_ms
+    };
+    RetryPolicy {
+        max_attempts: if requested.max_attempts == 0 { limits.default_max_attempts } else { requested.max_attempts },
+        initial_backoff_ms: if requested.initial_backoff_ms == 0 {
+            limits.default_initial_backoff_ms.min(max_backoff_ms)
+        } else {
+            requested.initial_backoff_ms
+        },
+        max_backoff_ms,
+        give_up_after_ms: requested.give_up_after_ms,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn namespaces() {
+        assert!(check_namespace("orders").is_ok());
+        assert!(check_namespace("a.b_c-9").is_ok());
+        assert_eq!(check_namespace("").unwrap_err().field, "namespace");
+        assert!(check_namespace("Orders").is_err());
+        assert!(check_namespace("a/b").is_err());
+        assert!(check_namespace(&"a".repeat(64)).is_ok());
+        assert!(check_namespace(&"a".repeat(65)).is_err());
+    }
+
+    #[test]
+    fn ids() {
+        assert!(check_id("order-42").is_ok());
+        assert!(check_id("ünïcode ✓").is_ok());
+        assert!(check_id("").is_err());
+        assert!(check_id(&"x".repeat(256)).is_ok());
+        assert!(check_id(&"x".repeat(257)).is_err());
+        assert!(check_id("a\nb").is_err());
+    }
+
+    #[test]
+    fn urls() {
+        assert!(check_webhook_url("http://127.0.0.1:9000/hook").is_ok());
+        assert!(check_webhook_url("https://example.com").is_ok());
+        assert!(check_webhook_url("ftp://example.com").is_err());
+        assert!(check_webhook_url("http://").is_err());
+        assert!(check_webhook_url("http://:80/x").is_err());
+        assert!(check_webhook_url("http://a b").is_err());
+    }
+
+    #[test]
+    fn fire_times() {
+        let limits = Limits::default();
+        let now = 1_800_000_000_000;
+        assert_eq!(resolve_fire_at(FireTime::Delay(5), now, &limits), Ok(now + 5));
+        assert_eq!(resolve_fire_at(FireTime::At(now - 1000), now, &limits), Ok(now - 1000));
+        let err = resolve_fire_at(FireTime::At(now - 61_000), now, &limits).unwrap_err();
+        assert_eq!(err.field, "fire_at_ms");
+        assert!(resolve_fire_at(FireTime::At(now + limits.max_horizon_ms + 1), now, &limits).is_err());
+        assert_eq!(
+            resolve_fire_at(FireTime::Delay(limits.max_horizon_ms + 1), now, &limits).unwrap_err().field,
+            "delay_ms"
+        );
+        assert!(resolve_fire_at(FireTime::At(0), now, &limits).is_err());
+    }
+
+    #[test]
+    fn retry_defaults() {
+        let limits = Limits::default();
+        let eff = effective_retry(&RetryPolicy::default(), &limits);
+        assert_eq!(eff.max_attempts, 10);
+        assert_eq!(eff.initial_backoff_ms, 1000);
+        assert_eq!(eff.max_backoff_ms, 300_000);
+        let eff = effective_retry(&RetryPolicy { initial_backoff_ms: 900_000, ..Default::default() }, &limits);
+        assert!(eff.max_backoff_ms >= eff.initial_backoff_ms);
+        assert!(check_retry(&RetryPolicy { max_attempts: 5000, ..Default::default() }).is_err());
+    }
+}

@@ -1,0 +1,349 @@
+//! The apply rules, one scenario per test, each in linear phases.
+
+use std::collections::BTreeMap;
+
+use tocsin_core::Command;
+use tocsin_core::CommandResult;
+use tocsin_core::Proposal;
+use tocsin_core::ShardMeta;
+use tocsin_core::TimerKey;
+use tocsin_core::TimerSpec;
+use tocsin_core::TimerState;
+use tocsin_core::apply::apply_proposal;
+use tocsin_core::command::AttemptOutcome;
+use tocsin_core::command::SkipReason;
+use tocsin_core::timer::Callback;
+use tocsin_core::timer::FireTime;
+use tocsin_core::timer::RetryPolicy;
+
+use tocsin_core::mem_table::MemTable;
+
+pub const T0: u64 = 1_800_000_000_000;
+
+pub fn spec(fire_at_ms: u64, callback: Callback) -> TimerSpec {
+    TimerSpec {
+        fire_time: FireTime::At(fire_at_ms),
+        payload: bytes::Bytes::from_static(b"{\"order\":42}"),
+        labels: BTreeMap::from([("team".to_string(), "payments".to_string())]),
+        callback,
+        retry: RetryPolicy::default(),
+    }
+}
+
+pub fn webhook() -> Callback {
+    Callback::Webhook { url: "http://127.0.0.1:9000/hook".to_string() }
+}
+
+pub fn create(key: &TimerKey, spec: &TimerSpec, max_attempts: u32) -> Command {
+    let FireTime::At(fire_at_ms) = spec.fire_time else { unreachable!() };
+    Command::Create {
+        key: key.clone(),
+        spec: spec.clone(),
+        fire_at_ms,
+        retry: RetryPolicy { max_attempts, initial_backoff_ms: 1000, max_backoff_ms: 60_000, give_up_after_ms: 0 },
+        retention_ms: 3_600_000,
+    }
+}
+
+/// A shard state plus a log index counter, applying one command per entry.
+pub struct Shard {
+    pub table: MemTable,
+    pub meta: ShardMeta,
+    pub index: u64,
+}
+
+impl Shard {
+    pub fn new() -> Shard {
+        Shard { table: MemTable::default(), meta: ShardMeta::default(), index: 0 }
+    }
+
+    pub fn apply(&mut self, now_ms: u64, cmd: Command) -> CommandResult {
+        self.index += 1;
+        let proposal = Proposal { now_ms, commands: vec![cmd] };
+        let mut results =
+            apply_proposal(&mut self.table, &mut self.meta, self.index, &proposal).expect("no broken invariant");
+        assert_eq!(results.len(), 1);
+        results.pop().unwrap()
+    }
+
+    /// Elects a leader: returns the new fencing epoch.
+    pub fn elect(&mut self, now_ms: u64, leader: u64) -> u64 {
+        match self.apply(now_ms, Command::LeaderEpoch { leader }) {
+            CommandResult::Epoch { epoch, .. } => epoch,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    pub fn state(&self, key: &TimerKey) -> Option<TimerState> {
+        self.table.timers.get(key).map(|r| r.state)
+    }
+}
+
+fn fire(key: &TimerKey, due_ms: u64, epoch: u64) -> Command {
+    Command::Fire { key: key.clone(), due_ms, epoch, timeout_ms: 30_000 }
+}
+
+#[test]
+fn create_is_idempotent_and_detects_conflicts() {
+    let mut shard = Shard::new();
+    let key = TimerKey::new("orders", "order-42");
+    let s = spec(T0 + 1000, webhook());
+
+    // Phase: the first create makes the timer.
+    let CommandResult::Created { record, created } = shard.apply(T0, create(&key, &s, 3)) else { panic!() };
+    assert!(created);
+    assert_eq!(record.generation, 1);
+    assert_eq!(record.state, TimerState::Scheduled);
+
+    // Phase: a retry with the same spec finds it, even later.
+    let CommandResult::Created { record: again, created } = shard.apply(T0 + 500, create(&key, &s, 3)) else {
+        panic!()
+    };
+    assert!(!created);
+    assert_eq!(again, record);
+
+    // Phase: a different spec under the same id is refused.
+    let other = spec(T0 + 2000, webhook());
+    assert!(matches!(shard.apply(T0, create(&key, &other, 3)), CommandResult::AlreadyExists { .. }));
+    assert_eq!(shard.meta.scheduled, 1);
+}
+
+#[test]
+fn cancel_after_fire_is_already_fired() {
+    let mut shard = Shard::new();
+    let key = TimerKey::new("orders", "a");
+    shard.apply(T0, create(&key, &spec(T0 + 1000, webhook()), 3));
+    let epoch = shard.elect(T0, 1);
+
+    // Phase: the fire is recorded and dispatched.
+    let CommandResult::Dispatch { record } = shard.apply(T0 + 1000, fire(&key, T0 + 1000, epoch)) else { panic!() };
+    let fire_facts = record.fire.clone().unwrap();
+    assert_eq!(fire_facts.epoch, epoch);
+    assert_eq!(fire_facts.attempt, 1);
+
+    // Phase: a cancel now is definite: already fired, with the fire's facts.
+    let CommandResult::AlreadyFired { record } = shard.apply(T0 + 1001, Command::Cancel { key: key.clone() }) else {
+        panic!()
+    };
+    assert_eq!(record.fire.unwrap().fire_index, fire_facts.fire_index);
+    assert_eq!(shard.state(&key), Some(TimerState::Firing));
+
+    // Phase: the same leader's wheel looking again does not start another attempt.
+    assert_eq!(
+        shard.apply(T0 + 1002, fire(&key, T0 + 1000, epoch)),
+        CommandResult::Skipped { reason: SkipReason::Stale }
+    );
+}
+
+#[test]
+fn fire_after_cancel_is_a_no_op() {
+    let mut shard = Shard::new();
+    let key = TimerKey::new("orders", "b");
+    shard.apply(T0, create(&key, &spec(T0 + 1000, webhook()), 3));
+    let epoch = shard.elect(T0, 1);
+
+    assert!(matches!(shard.apply(T0 + 10, Command::Cancel { key: key.clone() }), CommandResult::Cancelled { .. }));
+    assert_eq!(
+        shard.apply(T0 + 1000, fire(&key, T0 + 1000, epoch)),
+        CommandResult::Skipped { reason: SkipReason::Stale }
+    );
+    assert!(matches!(
+        shard.apply(T0 + 1001, Command::Cancel { key: key.clone() }),
+        CommandResult::AlreadyCancelled { .. }
+    ));
+    assert_eq!(shard.state(&key), Some(TimerState::Cancelled));
+    assert!(shard.table.due.is_empty(), "a cancelled timer leaves the fire-time index");
+    assert_eq!((shard.meta.scheduled, shard.meta.finished), (0, 1));
+}
+
+#[test]
+fn never_fires_early_nor_under_a_stale_epoch() {
+    let mut shard = Shard::new();
+    let key = TimerKey::new("orders", "c");
+    shard.apply(T0, create(&key, &spec(T0 + 1000, webhook()), 3));
+    let old_epoch = shard.elect(T0, 1);
+    let new_epoch = shard.elect(T0 + 1, 2);
+    assert!(new_epoch > old_epoch);
+
+    assert_eq!(
+        shard.apply(T0 + 999, fire(&key, T0 + 1000, new_epoch)),
+        CommandResult::Skipped { reason: SkipReason::NotDue }
+    );
+    assert_eq!(
+        shard.apply(T0 + 1000, fire(&key, T0 + 1000, old_epoch)),
+        CommandResult::Skipped { reason: SkipReason::StaleEpoch }
+    );
+    assert!(matches!(shard.apply(T0 + 1000, fire(&key, T0 + 1000, new_epoch)), CommandResult::Dispatch { .. }));
+}
+
+#[test]
+fn reschedule_is_a_compare_and_set_on_generation() {
+    let mut shard = Shard::new();
+    let key = TimerKey::new("orders", "d");
+    shard.apply(T0, create(&key, &spec(T0 + 1000, webhook()), 3));
+    let epoch = shard.elect(T0, 1);
+    let resched =
+        |generation, at| Command::Reschedule { key: key.clone(), expected_generation: generation, fire_at_ms: at };
+
+    let CommandResult::Rescheduled { record } = shard.apply(T0 + 1, resched(1, T0 + 5000)) else { panic!() };
+    assert_eq!((record.generation, record.fire_at_ms), (2, T0 + 5000));
+    assert_eq!(shard.apply(T0 + 2, resched(1, T0 + 9000)), CommandResult::GenerationMismatch { current: 2 });
+    assert_eq!(shard.table.due.iter().next().unwrap().0, T0 + 5000);
+
+    // Phase: a fire for the old fire time is stale; the new one fires.
+    assert_eq!(
+        shard.apply(T0 + 5000, fire(&key, T0 + 1000, epoch)),
+        CommandResult::Skipped { reason: SkipReason::Stale }
+    );
+    assert!(matches!(shard.apply(T0 + 5000, fire(&key, T0 + 5000, epoch)), CommandResult::Dispatch { .. }));
+    assert_eq!(
+        shard.apply(T0 + 5001, resched(2, T0 + 9000)),
+        CommandResult::NotScheduled { state: TimerState::Firing }
+    );
+}
+
+#[test]
+fn retries_back_off_then_die() {
+    let mut shard = Shard::new();
+    let key = TimerKey::new("orders", "e");
+    shard.apply(T0, create(&key, &spec(T0, webhook()), 2));
+    let epoch = shard.elect(T0, 1);
+    let CommandResult::Dispatch { record } = shard.apply(T0, fire(&key, T0, epoch)) else { panic!() };
+    let fire_index = record.fire.unwrap().fire_index;
+    let failed = |attempt| Command::AttemptResult {
+        key: key.clone(),
+        fire_index,
+        attempt,
+        outcome: AttemptOutcome::Failed { error: "http 503".into(), retry_at_ms: T0 + 2000 },
+    };
+
+    // Phase: attempt 1 fails; the timer waits in backoff, indexed at the retry time.
+    assert!(
+        matches!(shard.apply(T0 + 10, failed(1)), CommandResult::Recorded { record } if record.state == TimerState::Firing)
+    );
+    assert_eq!(shard.table.due.iter().next().unwrap().0, T0 + 2000);
+    assert_eq!(shard.apply(T0 + 11, failed(1)), CommandResult::Skipped { reason: SkipReason::Stale });
+
+    // Phase: attempt 2 starts at the retry time and fails: out of attempts, so dead.
+    let CommandResult::Dispatch { record } = shard.apply(T0 + 2000, fire(&key, T0 + 2000, epoch)) else { panic!() };
+    assert_eq!(record.fire.as_ref().unwrap().attempt, 2);
+    assert_eq!(
+        shard.apply(T0 + 2000, fire(&key, T0 + 2000, epoch)),
+        CommandResult::Skipped { reason: SkipReason::Stale }
+    );
+    assert!(matches!(shard.apply(T0 + 2010, failed(2)), CommandResult::Dead { .. }));
+    assert_eq!(shard.state(&key), Some(TimerState::Dead));
+    assert!(shard.table.due.is_empty());
+    assert_eq!(shard.table.retention.len(), 1);
+}
+
+#[test]
+fn a_new_leader_redelivers_what_the_old_one_left_in_flight() {
+    let mut shard = Shard::new();
+    let key = TimerKey::new("orders", "g");
+    shard.apply(T0, create(&key, &spec(T0, webhook()), 5));
+    let old = shard.elect(T0, 1);
+    let CommandResult::Dispatch { record } = shard.apply(T0 + 1, fire(&key, T0, old)) else { panic!() };
+    let first = record.fire.unwrap();
+
+    // Phase: the old leader dies mid-delivery; the in-flight attempt is in the
+    // fire-time index at its start, in the past, so the new leader loads it.
+    let new = shard.elect(T0 + 300, 2);
+    let (due, due_key) = shard.table.due.iter().next().unwrap().clone();
+    assert_eq!((due, &due_key), (T0 + 1, &key));
+    let CommandResult::Dispatch { record } = shard.apply(T0 + 400, fire(&key, due, new)) else { panic!() };
+    let second = record.fire.unwrap();
+    assert_eq!(second.attempt, 2);
+    assert_eq!(second.epoch, new);
+    assert_eq!(second.fire_index, first.fire_index, "the same firing, so the same fire_id");
+
+    // Phase: the old leader's late result is stale.
+    let late = Command::AttemptResult {
+        key: key.clone(),
+        fire_index: first.fire_index,
+        attempt: 1,
+        outcome: AttemptOutcome::Delivered,
+    };
+    assert_eq!(shard.apply(T0 + 500, late), CommandResult::Skipped { reason: SkipReason::Stale });
+}
+
+#[test]
+fn pull_timers_wait_ready_then_reserve_and_ack() {
+    let mut shard = Shard::new();
+    let key = TimerKey::new("orders", "p");
+    let pull = Callback::Pull { topic: "close-order".into() };
+    shard.apply(T0, create(&key, &spec(T0, pull), 5));
+    let epoch = shard.elect(T0, 1);
+
+    // Phase: the fire makes it ready, with no attempt yet.
+    let CommandResult::Dispatch { record } = shard.apply(T0, fire(&key, T0, epoch)) else { panic!() };
+    let facts = record.fire.unwrap();
+    assert_eq!(facts.attempt, 0);
+
+    // Phase: a consumer reserves it (attempt 1); a late ack for attempt 0 is stale.
+    let reserve = |expected_attempt| Command::Reserve {
+        key: key.clone(),
+        fire_index: facts.fire_index,
+        expected_attempt,
+        epoch,
+        until_ms: T0 + 30_000,
+    };
+    assert!(matches!(shard.apply(T0 + 5, reserve(0)), CommandResult::Dispatch { .. }));
+    let ack = |attempt| Command::AttemptResult {
+        key: key.clone(),
+        fire_index: facts.fire_index,
+        attempt,
+        outcome: AttemptOutcome::Delivered,
+    };
+    assert_eq!(shard.apply(T0 + 6, ack(0)), CommandResult::Skipped { reason: SkipReason::Stale });
+
+    // Phase: the reservation runs out; another consumer reserves it (attempt 2), so
+    // the first consumer's ack is stale and the second one's counts.
+    assert!(matches!(shard.apply(T0 + 40_000, reserve(1)), CommandResult::Dispatch { .. }));
+    assert_eq!(shard.apply(T0 + 40_001, ack(1)), CommandResult::Skipped { reason: SkipReason::Stale });
+    assert!(
+        matches!(shard.apply(T0 + 40_002, ack(2)), CommandResult::Recorded { record } if record.state == TimerState::Delivered)
+    );
+}
+
+#[test]
+fn purge_waits_for_retention() {
+    let mut shard = Shard::new();
+    let key = TimerKey::new("orders", "f");
+    shard.apply(T0, create(&key, &spec(T0 + 1000, webhook()), 3));
+    shard.apply(T0 + 10, Command::Cancel { key: key.clone() });
+    let purge = || Command::Purge { keys: vec![key.clone()] };
+
+    assert_eq!(shard.apply(T0 + 3_600_000, purge()), CommandResult::Purged { count: 0 });
+    assert_eq!(shard.apply(T0 + 3_600_010, purge()), CommandResult::Purged { count: 1 });
+    assert_eq!(shard.state(&key), None);
+    assert_eq!(shard.meta.finished, 0);
+
+    // Phase: the id is free again.
+    assert!(matches!(
+        shard.apply(T0 + 3_600_020, create(&key, &spec(T0 + 4_000_000, webhook()), 3)),
+        CommandResult::Created { created: true, .. }
+    ));
+}
+
+#[test]
+fn timers_fired_in_one_entry_get_distinct_fire_ids() {
+    let mut shard = Shard::new();
+    let (a, b) = (TimerKey::new("orders", "x"), TimerKey::new("orders", "y"));
+    shard.apply(T0, create(&a, &spec(T0, webhook()), 3));
+    shard.apply(T0, create(&b, &spec(T0, webhook()), 3));
+    let epoch = shard.elect(T0, 1);
+    shard.index += 1;
+    let proposal = Proposal { now_ms: T0 + 1, commands: vec![fire(&a, T0, epoch), fire(&b, T0, epoch)] };
+    let results =
+        tocsin_core::apply::apply_proposal(&mut shard.table, &mut shard.meta, shard.index, &proposal).unwrap();
+    let ids: Vec<u64> = results
+        .iter()
+        .map(|r| match r {
+            CommandResult::Dispatch { record } => record.fire.as_ref().unwrap().fire_index,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_ne!(ids[0], ids[1]);
+    assert_eq!(shard.table.timers[&a].fire.as_ref().unwrap().attempt_index, shard.index);
+}

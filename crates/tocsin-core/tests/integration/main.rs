@@ -1,0 +1,4 @@
+//! Integration tests for `tocsin-core`: one binary, one module per concern.
+
+mod apply_model;
+mod apply_rules;
