@@ -1,0 +1,309 @@
+//! The node's one RocksDB, shared by every Raft group, and its writer.
+//!
+//! **Group commit.** Every durable write (log appends, votes, applied state)
+//! goes through one writer thread. It takes every request queued since its
+//! last round, writes each batch to the memtable and WAL without syncing,
+//! tells each caller "written" (so readers see it), then syncs the WAL once
+//! and tells each caller "durable". One fsync thus covers the appends of all
+//! the node's shards, and writes stay in submission order (openraft requires
+//! votes and log writes in order).
+//!
+//! **Fail-stop.** If a write or a WAL sync fails, the writer latches failed:
+//! that request and every later one get an error, which openraft turns into a
+//! fatal storage error for the group. A failed fsync is never retried
+//! (fsyncgate): the page cache may have dropped the dirty pages already.
+
+use std::io;
+use std::path::Path;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use rocksdb::BlockBasedOptions;
+use rocksdb::Cache;
+use rocksdb::ColumnFamily;
+use rocksdb::ColumnFamilyDescriptor;
+use rocksdb::DB;
+use rocksdb::Options;
+use rocksdb::WriteBatch;
+use rocksdb::WriteBufferManager;
+use rocksdb::WriteOptions;
+use tokio::sync::mpsc;
+use tokio::sync::oneshot;
+
+use crate::keys;
+
+/// Most write requests queued for the writer before senders wait.
+const WRITE_QUEUE_DEPTH: usize = 1024;
+/// Most requests the writer folds into one sync round.
+const MAX_REQUESTS_PER_ROUND: usize = 512;
+
+/// How to open a node's store.
+#[derive(Clone, Debug)]
+pub struct StoreConfig {
+    /// Directory holding the RocksDB files and the `snapshots/` directory.
+    pub path: PathBuf,
+    /// Shared LRU block cache for every column family.
+    pub block_cache_bytes: usize,
+    /// Cap on all memtables together, so memory stays bounded however many
+    /// groups write.
+    pub write_buffer_bytes: usize,
+}
+
+impl StoreConfig {
+    pub fn new(path: impl Into<PathBuf>) -> StoreConfig {
+        StoreConfig { path: path.into(), block_cache_bytes: 64 << 20, write_buffer_bytes: 128 << 20 }
+    }
+}
+
+/// Counters the benchmark and the metrics exporter read.
+#[derive(Debug, Default)]
+pub struct StoreStats {
+    /// WAL syncs performed.
+    pub fsyncs: AtomicU64,
+    /// Total time spent in WAL syncs.
+    pub fsync_nanos: AtomicU64,
+    /// Write batches written.
+    pub batches: AtomicU64,
+    /// Sync rounds: one per fsync, each covering one or more batches.
+    pub rounds: AtomicU64,
+}
+
+type OnDurable = Box<dyn FnOnce(io::Result<()>) + Send>;
+
+struct WriteRequest {
+    batch: WriteBatch,
+    /// Told once the batch is in the memtable (readable).
+    written: Option<oneshot::Sender<io::Result<()>>>,
+    /// Called once the batch is durable (or failed).
+    on_durable: OnDurable,
+}
+
+/// The node's RocksDB plus its writer thread.
+pub struct Store {
+    db: Arc<DB>,
+    path: PathBuf,
+    writer: mpsc::Sender<WriteRequest>,
+    stats: Arc<StoreStats>,
+    failed: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish_non_exhaustive()
+    }
+}
+
+impl Store {
+    /// Opens (or creates) the store at `config.path` and starts its writer.
+    pub fn open(config: &StoreConfig) -> io::Result<Arc<Store>> {
+        std::fs::create_dir_all(config.path.join("snapshots"))?;
+        let cache = Cache::new_lru_cache(config.block_cache_bytes);
+        let write_buffers = WriteBufferManager::new_write_buffer_manager(config.write_buffer_bytes, true);
+
+        let mut db_opts = Options::default();
+        db_opts.create_if_missing(true);
+        db_opts.create_missing_column_families(true);
+        db_opts.set_write_buffer_manager(&write_buffers);
+        db_opts.set_max_background_jobs(2);
+        db_opts.set_keep_log_file_num(4);
+        db_opts.set_max_total_wal_size(256 << 20);
+        // The writer thread is the only writer and syncs the WAL itself once per
+        // round: buffer WAL writes in RocksDB until that flush (one write and one
+        // fsync per round instead of a write per batch), and do not spin-yield
+        // waiting for other writers that never come.
+        db_opts.set_manual_wal_flush(true);
+        db_opts.set_enable_write_thread_adaptive_yield(false);
+
+        let cfs = keys::ALL_CFS.iter().map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name, &cache)));
+        let db = DB::open_cf_descriptors(&db_opts, &config.path, cfs).map_err(to_io)?;
+        let db = Arc::new(db);
+
+        let (tx, rx) = mpsc::channel(WRITE_QUEUE_DEPTH);
+        let stats = Arc::new(StoreStats::default());
+        let failed = Arc::new(AtomicBool::new(false));
+        {
+            let db = db.clone();
+            let stats = stats.clone();
+            let failed = failed.clone();
+            std::thread::Builder::new()
+                .name("tocsin-writer".into())
+                .spawn(move || writer_loop(&db, rx, &stats, &failed))?;
+        }
+        Ok(Arc::new(Store { db, path: config.path.clone(), writer: tx, stats, failed }))
+    }
+
+    pub fn db(&self) -> &Arc<DB> {
+        &self.db
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn snapshot_dir(&self, group: keys::GroupId) -> PathBuf {
+        self.path.join("snapshots").join(format!("{group}"))
+    }
+
+    pub fn stats(&self) -> &StoreStats {
+        &self.stats
+    }
+
+    /// Whether a write or sync failed; the store then refuses all writes.
+    pub fn has_failed(&self) -> bool {
+        self.failed.load(Ordering::SeqCst)
+    }
+
+    /// RocksDB's own accounting, summed over column families, as
+    /// `(metric name, value)`: memtables, table readers (index and filter
+    /// blocks outside the cache), block cache, and write stalls.
+    pub fn memory_usage(&self) -> Vec<(&'static str, u64)> {
+        let per_cf = |property: &str| -> u64 {
+            keys::ALL_CFS
+                .iter()
+                .filter_map(|name| self.db.property_int_value_cf(self.cf(name), property).ok().flatten())
+                .sum()
+        };
+        let db = |property: &str| self.db.property_int_value(property).ok().flatten().unwrap_or(0);
+        vec![
+            ("tocsin_rocksdb_memtable_bytes", per_cf("rocksdb.cur-size-all-mem-tables")),
+            ("tocsin_rocksdb_table_readers_bytes", per_cf("rocksdb.estimate-table-readers-mem")),
+            ("tocsin_rocksdb_block_cache_bytes", db("rocksdb.block-cache-usage")),
+            ("tocsin_rocksdb_block_cache_pinned_bytes", db("rocksdb.block-cache-pinned-usage")),
+            ("tocsin_rocksdb_live_sst_bytes", per_cf("rocksdb.live-sst-files-size")),
+            ("tocsin_rocksdb_write_stopped", per_cf("rocksdb.is-write-stopped")),
+            ("tocsin_rocksdb_delayed_write_rate", db("rocksdb.actual-delayed-write-rate")),
+        ]
+    }
+
+    pub fn cf(&self, name: &str) -> &ColumnFamily {
+        self.db.cf_handle(name).unwrap_or_else(|| panic!("column family {name} is created at open"))
+    }
+
+    /// Writes `batch` and waits until it is durable.
+    pub async fn write_durable(&self, batch: WriteBatch) -> io::Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.submit(WriteRequest {
+            batch,
+            written: None,
+            on_durable: Box::new(move |res| {
+                let _ = tx.send(res);
+            }),
+        })
+        .await?;
+        rx.await.map_err(|_| io::Error::other("store writer stopped"))?
+    }
+
+    /// Writes `batch`, returns once it is readable, and calls `on_durable`
+    /// once it is durable (possibly before this returns).
+    pub async fn write_then(
+        &self,
+        batch: WriteBatch,
+        on_durable: impl FnOnce(io::Result<()>) + Send + 'static,
+    ) -> io::Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.submit(WriteRequest { batch, written: Some(tx), on_durable: Box::new(on_durable) }).await?;
+        rx.await.map_err(|_| io::Error::other("store writer stopped"))?
+    }
+
+    async fn submit(&self, req: WriteRequest) -> io::Result<()> {
+        self.writer.send(req).await.map_err(|_| io::Error::other("store writer stopped"))
+    }
+}
+
+fn cf_options(name: &str, cache: &Cache) -> Options {
+    let mut block = BlockBasedOptions::default();
+    block.set_block_cache(cache);
+    block.set_cache_index_and_filter_blocks(true);
+    block.set_pin_l0_filter_and_index_blocks_in_cache(true);
+    if name == keys::CF_TIMERS {
+        // Point lookups on every create, cancel and fire.
+        block.set_bloom_filter(10.0, false);
+    }
+    let mut opts = Options::default();
+    opts.set_block_based_table_factory(&block);
+    // Only timer rows (with payloads) are worth compressing. Log entries live
+    // until the next snapshot, and index keys are short: compressing them
+    // would spend CPU in every flush and compaction for little disk.
+    opts.set_compression_type(if name == keys::CF_TIMERS {
+        rocksdb::DBCompressionType::Lz4
+    } else {
+        rocksdb::DBCompressionType::None
+    });
+    if matches!(name, keys::CF_DUE | keys::CF_RETENTION | keys::CF_RAFT_LOG) {
+        // These are queues: written once, read in order, deleted. Compact files
+        // dense with tombstones so range scans from the head stay fast.
+        opts.add_compact_on_deletion_collector_factory(10_000, 5_000, 0.5);
+    }
+    opts
+}
+
+fn writer_loop(db: &DB, mut rx: mpsc::Receiver<WriteRequest>, stats: &StoreStats, failed: &AtomicBool) {
+    let mut no_sync = WriteOptions::default();
+    no_sync.set_sync(false);
+    let mut round: Vec<(OnDurable, io::Result<()>)> = Vec::with_capacity(MAX_REQUESTS_PER_ROUND);
+    while let Some(first) = rx.blocking_recv() {
+        let mut next = Some(first);
+        while let Some(req) = next.take() {
+            let res = if failed.load(Ordering::SeqCst) {
+                Err(io::Error::other("store failed earlier; refusing writes"))
+            } else {
+                db.write_opt(req.batch, &no_sync).map_err(to_io)
+            };
+            if let Err(e) = &res {
+                tracing::error!(error = %e, "rocksdb write failed; store is now failed");
+                failed.store(true, Ordering::SeqCst);
+            }
+            stats.batches.fetch_add(1, Ordering::Relaxed);
+            if let Some(written) = req.written {
+                let _ = written.send(res.as_ref().map(|_| ()).map_err(clone_err));
+            }
+            round.push((req.on_durable, res));
+            if round.len() < MAX_REQUESTS_PER_ROUND {
+                next = rx.try_recv().ok();
+            }
+        }
+        let sync_res = if failed.load(Ordering::SeqCst) {
+            Err(io::Error::other("store failed; not syncing"))
+        } else {
+            let started = Instant::now();
+            let res = db.flush_wal(true).map_err(to_io);
+            let nanos = started.elapsed().as_nanos() as u64;
+            stats.fsyncs.fetch_add(1, Ordering::Relaxed);
+            stats.fsync_nanos.fetch_add(nanos, Ordering::Relaxed);
+            metrics::counter!("tocsin_store_fsync_total").increment(1);
+            metrics::histogram!("tocsin_store_fsync_seconds").record(nanos as f64 / 1e9);
+            metrics::histogram!("tocsin_store_batches_per_fsync").record(round.len() as f64);
+            if let Err(e) = &res {
+                tracing::error!(error = %e, "wal sync failed; store is now failed");
+                failed.store(true, Ordering::SeqCst);
+            }
+            res
+        };
+        stats.rounds.fetch_add(1, Ordering::Relaxed);
+        for (on_durable, res) in round.drain(..) {
+            let res = match (&res, &sync_res) {
+                (Err(e), _) | (Ok(()), Err(e)) => Err(clone_err(e)),
+                (Ok(()), Ok(())) => Ok(()),
+            };
+            on_durable(res);
+        }
+    }
+}
+
+fn clone_err(e: &io::Error) -> io::Error {
+    io::Error::new(e.kind(), e.to_string())
+}
+
+pub(crate) fn to_io(e: rocksdb::Error) -> io::Error {
+    let kind = match e.kind() {
+        rocksdb::ErrorKind::NotFound => io::ErrorKind::NotFound,
+        rocksdb::ErrorKind::Corruption => io::ErrorKind::InvalidData,
+        rocksdb::ErrorKind::IOError => io::ErrorKind::Other,
+        _ => io::ErrorKind::Other,
+    };
+    io::Error::new(kind, e.into_string())
+}

@@ -1,0 +1,77 @@
+//! openraft storage for Tocsin: the Raft log and the timer state machine of
+//! every Raft group on a node, in one shared RocksDB.
+//!
+//! - [`db`]: opening the database and the group-commit writer (one WAL
+//!   fsync covers every group's pending writes);
+//! - [`keys`]: every key encoding (group id first, big-endian);
+//! - [`codec`]: value encoding;
+//! - [`log_store`]: [`LogStore`], openraft's `RaftLogStorage` for one group;
+//! - [`state_machine`]: [`StateMachine`], openraft's `RaftStateMachine`
+//!   for one group, applying `tocsin-core`'s rules;
+//! - [`snapshot`]: streamed snapshot files and their atomic install;
+//! - [`read`]: the queries a node runs (get, list, fire-time scans, horizon).
+//!
+//! The durability contract (see `docs/storage.md`): a vote is synced before
+//! `save_vote` returns; the append callback runs only after the WAL sync
+//! that covers the entries; apply writes timers, indexes and `last_applied`
+//! in one synced batch before answering. All blocking RocksDB work runs on
+//! the writer thread or in `spawn_blocking`, never on an async worker.
+
+pub mod codec;
+pub mod db;
+pub mod keys;
+pub mod log_store;
+pub mod read;
+pub mod snapshot;
+pub mod state_machine;
+
+pub use db::Store;
+pub use db::StoreConfig;
+pub use keys::GroupId;
+pub use log_store::LogStore;
+pub use read::StateDigest;
+use serde::Deserialize;
+use serde::Serialize;
+pub use snapshot::SnapshotFile;
+pub use state_machine::StateMachine;
+use tocsin_core::Proposal;
+use tocsin_core::command::ApplyResponse;
+
+/// How a node is reached: stored in Raft membership configs.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct NodeAddr {
+    /// Raft transport and gRPC API, `host:port`.
+    pub grpc_addr: String,
+    /// HTTP/JSON API, `host:port`.
+    pub http_addr: String,
+}
+
+impl std::fmt::Display for NodeAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "grpc={} http={}", self.grpc_addr, self.http_addr)
+    }
+}
+
+openraft::declare_raft_types!(
+    /// Tocsin's openraft types: log entries carry a [`Proposal`] (a batch of
+    /// timer commands with the leader's stamped time) and applying one
+    /// returns an [`ApplyResponse`].
+    pub TypeConfig:
+        D = Proposal,
+        R = ApplyResponse,
+        NodeId = u64,
+        Node = NodeAddr,
+);
+
+/// openraft's Raft handle for one of our groups.
+pub type Raft = openraft::Raft<TypeConfig, StateMachine>;
+/// A log id in our type config.
+pub type LogId = openraft::alias::LogIdOf<TypeConfig>;
+/// A vote in our type config.
+pub type Vote = openraft::alias::VoteOf<TypeConfig>;
+/// A log entry in our type config.
+pub type Entry = openraft::alias::EntryOf<TypeConfig>;
+/// A membership config with the log id it was applied at.
+pub type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
+/// A snapshot's metadata.
+pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;

@@ -1,0 +1,236 @@
+//! [`LogStore`]: openraft's `RaftLogStorage` and `RaftLogReader` for one
+//! Raft group, over the shared store.
+//!
+//! Entries live under `raft_log` at `group · index`; the vote, the committed
+//! log id and the last purged log id under `raft_meta`. Appends are
+//! acknowledged to openraft only once the writer's WAL sync covers them;
+//! votes, truncations and purges wait for their sync before returning.
+
+use std::fmt::Debug;
+use std::io;
+use std::ops::Bound;
+use std::ops::RangeBounds;
+use std::sync::Arc;
+
+use openraft::LogState;
+use openraft::OptionalSend;
+use openraft::RaftLogReader;
+use openraft::entry::RaftEntry;
+use openraft::storage::IOFlushed;
+use openraft::storage::RaftLogStorage;
+use rocksdb::Direction;
+use rocksdb::IteratorMode;
+use rocksdb::ReadOptions;
+use rocksdb::WriteBatch;
+
+use crate::Entry;
+use crate::LogId;
+use crate::TypeConfig;
+use crate::Vote;
+use crate::codec;
+use crate::db::Store;
+use crate::db::to_io;
+use crate::keys;
+use crate::keys::GroupId;
+use crate::keys::raft_meta;
+
+/// Most entries a `limited_get_log_entries` read returns, so a lagging
+/// follower's catch-up cannot load an unbounded range into memory at once.
+const MAX_ENTRIES_PER_LIMITED_READ: u64 = 4096;
+
+/// One group's Raft log.
+#[derive(Clone)]
+pub struct LogStore {
+    store: Arc<Store>,
+    group: GroupId,
+}
+
+impl Debug for LogStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LogStore").field("group", &self.group).finish()
+    }
+}
+
+impl LogStore {
+    pub fn new(store: Arc<Store>, group: GroupId) -> LogStore {
+        LogStore { store, group }
+    }
+
+    pub fn group(&self) -> GroupId {
+        self.group
+    }
+
+    fn get_meta<T: serde::de::DeserializeOwned>(&self, tag: u8) -> io::Result<Option<T>> {
+        let cf = self.store.cf(keys::CF_RAFT_META);
+        match self.store.db().get_cf(cf, keys::tag_key(self.group, tag)).map_err(to_io)? {
+            Some(bytes) => Ok(Some(codec::decode(&bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    fn put_meta<T: serde::Serialize>(&self, batch: &mut WriteBatch, tag: u8, value: &T) -> io::Result<()> {
+        batch.put_cf(self.store.cf(keys::CF_RAFT_META), keys::tag_key(self.group, tag), codec::encode(value)?);
+        Ok(())
+    }
+
+    /// The last entry's log id, if the log holds any entry.
+    fn last_entry_id(&self) -> io::Result<Option<LogId>> {
+        let db = self.store.db();
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(keys::group_start(self.group).to_vec());
+        opts.set_iterate_upper_bound(keys::group_end(self.group).to_vec());
+        let mut it = db.iterator_cf_opt(self.store.cf(keys::CF_RAFT_LOG), opts, IteratorMode::End);
+        match it.next() {
+            Some(Ok((_, value))) => Ok(Some(codec::decode::<Entry>(&value)?.log_id())),
+            Some(Err(e)) => Err(to_io(e)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every entry in `[start, end)` the log holds, read from one consistent
+    /// iterator. Entries may be missing only at either end (purged, or not
+    /// yet appended); a hole inside is corruption.
+    fn read_range(&self, start: u64, end: u64) -> io::Result<Vec<Entry>> {
+        if start >= end {
+            return Ok(Vec::new());
+        }
+        let db = self.store.db();
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(keys::log_key(self.group, end).to_vec());
+        let from = keys::log_key(self.group, start);
+        let it =
+            db.iterator_cf_opt(self.store.cf(keys::CF_RAFT_LOG), opts, IteratorMode::From(&from, Direction::Forward));
+        let mut out: Vec<Entry> = Vec::with_capacity((end - start).min(1024) as usize);
+        for item in it {
+            let (key, value) = item.map_err(to_io)?;
+            let index = keys::log_index(&key);
+            let entry: Entry = codec::decode(&value)?;
+            if entry.log_id().index() != index {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("group {} log key {index} holds entry {}", self.group, entry.log_id()),
+                ));
+            }
+            if let Some(prev) = out.last()
+                && prev.log_id().index() + 1 != index
+            {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("group {} log has a hole between {} and {index}", self.group, prev.log_id().index()),
+                ));
+            }
+            out.push(entry);
+        }
+        Ok(out)
+    }
+
+    /// Deletes `[from, to)` of this group's log in `batch`.
+    fn delete_log_range(&self, batch: &mut WriteBatch, from: u64, to: Option<u64>) {
+        let end = match to {
+            Some(to) => keys::log_key(self.group, to).to_vec(),
+            None => keys::group_end(self.group).to_vec(),
+        };
+        batch.delete_range_cf(self.store.cf(keys::CF_RAFT_LOG), keys::log_key(self.group, from).to_vec(), end);
+    }
+}
+
+fn bounds(range: &impl RangeBounds<u64>) -> (u64, u64) {
+    let start = match range.start_bound() {
+        Bound::Included(x) => *x,
+        Bound::Excluded(x) => x + 1,
+        Bound::Unbounded => 0,
+    };
+    let end = match range.end_bound() {
+        Bound::Included(x) => x + 1,
+        Bound::Excluded(x) => *x,
+        Bound::Unbounded => u64::MAX,
+    };
+    (start, end)
+}
+
+impl RaftLogReader<TypeConfig> for LogStore {
+    async fn try_get_log_entries<RB: RangeBounds<u64> + Clone + Debug + OptionalSend>(
+        &mut self,
+        range: RB,
+    ) -> Result<Vec<Entry>, io::Error> {
+        let (start, end) = bounds(&range);
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.read_range(start, end)).await?
+    }
+
+    async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
+        self.get_meta(raft_meta::VOTE)
+    }
+
+    async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> Result<Vec<Entry>, io::Error> {
+        let end = end.min(start.saturating_add(MAX_ENTRIES_PER_LIMITED_READ));
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.read_range(start, end)).await?
+    }
+}
+
+impl RaftLogStorage<TypeConfig> for LogStore {
+    type LogReader = Self;
+
+    async fn get_log_state(&mut self) -> Result<LogState<TypeConfig>, io::Error> {
+        let last_purged_log_id: Option<LogId> = self.get_meta(raft_meta::LAST_PURGED)?;
+        let this = self.clone();
+        let last = tokio::task::spawn_blocking(move || this.last_entry_id()).await??;
+        Ok(LogState { last_log_id: last.or(last_purged_log_id), last_purged_log_id })
+    }
+
+    async fn get_log_reader(&mut self) -> Self::LogReader {
+        self.clone()
+    }
+
+    async fn save_vote(&mut self, vote: &Vote) -> Result<(), io::Error> {
+        let mut batch = WriteBatch::default();
+        self.put_meta(&mut batch, raft_meta::VOTE, vote)?;
+        // The vote must be on disk before this returns: a node that forgets its
+        // vote after a crash can vote twice in one term.
+        self.store.write_durable(batch).await
+    }
+
+    async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
+        let mut batch = WriteBatch::default();
+        self.put_meta(&mut batch, raft_meta::COMMITTED, &committed)?;
+        // Optional for safety; written in order with the log and synced by the
+        // next round, so a restart recovers at least what was committed then.
+        self.store.write_then(batch, |_| {}).await
+    }
+
+    async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
+        Ok(self.get_meta::<Option<LogId>>(raft_meta::COMMITTED)?.flatten())
+    }
+
+    async fn append<I>(&mut self, entries: I, callback: IOFlushed<TypeConfig>) -> Result<(), io::Error>
+    where
+        I: IntoIterator<Item = Entry> + OptionalSend,
+        I::IntoIter: OptionalSend,
+    {
+        let cf = self.store.cf(keys::CF_RAFT_LOG);
+        let mut batch = WriteBatch::default();
+        for entry in entries {
+            batch.put_cf(cf, keys::log_key(self.group, entry.log_id().index()), codec::encode(&entry)?);
+        }
+        // Returns once the entries are readable; openraft learns they are
+        // durable only from the callback, after the WAL sync that covers them.
+        self.store.write_then(batch, move |res| callback.io_completed(res)).await
+    }
+
+    async fn truncate_after(&mut self, last_log_id: Option<LogId>) -> Result<(), io::Error> {
+        let from = last_log_id.map_or(0, |id| id.index() + 1);
+        let mut batch = WriteBatch::default();
+        self.delete_log_range(&mut batch, from, None);
+        self.store.write_durable(batch).await
+    }
+
+    async fn purge(&mut self, log_id: LogId) -> Result<(), io::Error> {
+        let mut batch = WriteBatch::default();
+        // Record the purge point first, in the same batch as the delete, so
+        // the log never has a hole that `get_log_state` cannot explain.
+        self.put_meta(&mut batch, raft_meta::LAST_PURGED, &log_id)?;
+        self.delete_log_range(&mut batch, 0, Some(log_id.index() + 1));
+        self.store.write_durable(batch).await
+    }
+}

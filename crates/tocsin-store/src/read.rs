@@ -1,0 +1,229 @@
+//! The queries a node runs against a group's applied state: point reads,
+//! namespace listings, scans of the fire-time and retention indexes, horizon
+//! counts and a state digest. All are blocking RocksDB reads: call them from
+//! `spawn_blocking`.
+//!
+//! Each scan takes a limit, so no query can walk an unbounded range.
+
+use std::io;
+
+use rocksdb::Direction;
+use rocksdb::IteratorMode;
+use rocksdb::ReadOptions;
+use tocsin_core::ShardMeta;
+use tocsin_core::TimerKey;
+use tocsin_core::TimerRecord;
+use tocsin_core::TimerState;
+use xxhash_rust::xxh3::Xxh3;
+
+use crate::codec;
+use crate::db::Store;
+use crate::db::to_io;
+use crate::keys;
+use crate::keys::GroupId;
+
+impl Store {
+    pub fn get_timer(&self, group: GroupId, key: &TimerKey) -> io::Result<Option<TimerRecord>> {
+        match self.db().get_cf(self.cf(keys::CF_TIMERS), keys::timer_key(group, key)).map_err(to_io)? {
+            Some(bytes) => Ok(Some(codec::decode(&bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    pub fn shard_meta(&self, group: GroupId) -> io::Result<ShardMeta> {
+        match self.db().get_cf(self.cf(keys::CF_SM_META), keys::tag_key(group, keys::sm_meta::SHARD)).map_err(to_io)? {
+            Some(bytes) => codec::decode(&bytes),
+            None => Ok(ShardMeta::default()),
+        }
+    }
+
+    /// Entries of a time index (`due` or `retention`) with time in
+    /// `[from_ms, before_ms)`, in time order, at most `limit`.
+    pub fn scan_time_index(
+        &self,
+        cf: &str,
+        group: GroupId,
+        from_ms: u64,
+        before_ms: u64,
+        limit: usize,
+    ) -> io::Result<Vec<(u64, TimerKey)>> {
+        self.scan_time_index_from(cf, group, &keys::time_index_from(group, from_ms), before_ms, limit)
+    }
+
+    /// Like [`scan_due`](Self::scan_due), but starting just after the entry
+    /// `(after_ms, after_key)`: the next page of a paged scan.
+    pub fn scan_due_after(
+        &self,
+        group: GroupId,
+        after_ms: u64,
+        after_key: &TimerKey,
+        before_ms: u64,
+        limit: usize,
+    ) -> io::Result<Vec<(u64, TimerKey)>> {
+        let mut from = keys::time_index_key(group, after_ms, after_key);
+        from.push(0); // the smallest key after it
+        self.scan_time_index_from(keys::CF_DUE, group, &from, before_ms, limit)
+    }
+
+    fn scan_time_index_from(
+        &self,
+        cf: &str,
+        group: GroupId,
+        from: &[u8],
+        before_ms: u64,
+        limit: usize,
+    ) -> io::Result<Vec<(u64, TimerKey)>> {
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(keys::time_index_from(group, before_ms).to_vec());
+        let mut out = Vec::new();
+        for item in self.db().iterator_cf_opt(self.cf(cf), opts, IteratorMode::From(from, Direction::Forward)) {
+            if out.len() >= limit {
+                break;
+            }
+            let (key, _) = item.map_err(to_io)?;
+            let entry = keys::decode_time_index_key(&key)
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed time index key"))?;
+            out.push(entry);
+        }
+        Ok(out)
+    }
+
+    /// Timers due (to fire, retry or redeliver) in `[from_ms, before_ms)`.
+    pub fn scan_due(
+        &self,
+        group: GroupId,
+        from_ms: u64,
+        before_ms: u64,
+        limit: usize,
+    ) -> io::Result<Vec<(u64, TimerKey)>> {
+        self.scan_time_index(keys::CF_DUE, group, from_ms, before_ms, limit)
+    }
+
+    /// Finished timers whose retention ends before `before_ms`.
+    pub fn scan_expired(&self, group: GroupId, before_ms: u64, limit: usize) -> io::Result<Vec<TimerKey>> {
+        Ok(self.scan_time_index(keys::CF_RETENTION, group, 0, before_ms, limit)?.into_iter().map(|(_, k)| k).collect())
+    }
+
+    /// A page of a namespace's timers after `after_id` (exclusive), keeping
+    /// those `filter` accepts. Walks at most `scan_budget` rows, so a sparse
+    /// filter returns a short page rather than a slow one. Returns the page
+    /// and the id to resume after, if the namespace may hold more.
+    pub fn list_namespace(
+        &self,
+        group: GroupId,
+        namespace: &str,
+        after_id: Option<&str>,
+        page_size: usize,
+        scan_budget: usize,
+        mut filter: impl FnMut(&TimerRecord) -> bool,
+    ) -> io::Result<(Vec<(TimerKey, TimerRecord)>, Option<String>)> {
+        let (start, end) = keys::namespace_range(group, namespace);
+        let from = match after_id {
+            Some(id) => {
+                let mut k = keys::timer_key(group, &TimerKey::new(namespace, id));
+                k.push(0); // the smallest key after `id`
+                k
+            }
+            None => start,
+        };
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(end);
+        let mut page = Vec::new();
+        let mut last_id = None;
+        for (scanned, item) in self
+            .db()
+            .iterator_cf_opt(self.cf(keys::CF_TIMERS), opts, IteratorMode::From(&from, Direction::Forward))
+            .enumerate()
+        {
+            if page.len() >= page_size || scanned >= scan_budget {
+                return Ok((page, last_id));
+            }
+            let (key, value) = item.map_err(to_io)?;
+            let timer_key = keys::decode_timer_key(&key[8..])
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed timer key"))?;
+            let record: TimerRecord = codec::decode(&value)?;
+            last_id = Some(timer_key.id.clone());
+            if filter(&record) {
+                page.push((timer_key, record));
+            }
+        }
+        Ok((page, None))
+    }
+
+    /// Scheduled timers of `namespace` firing in minutes `[from_minute,
+    /// before_minute)`.
+    pub fn horizon_count(
+        &self,
+        group: GroupId,
+        namespace: &str,
+        from_minute: u64,
+        before_minute: u64,
+    ) -> io::Result<u64> {
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(keys::horizon_key(group, namespace, before_minute));
+        let from = keys::horizon_key(group, namespace, from_minute);
+        let mut total = 0u64;
+        for item in
+            self.db().iterator_cf_opt(self.cf(keys::CF_HORIZON), opts, IteratorMode::From(&from, Direction::Forward))
+        {
+            let (_, value) = item.map_err(to_io)?;
+            let count: [u8; 8] =
+                value.as_ref().try_into().map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "horizon counter"))?;
+            total += u64::from_be_bytes(count);
+        }
+        Ok(total)
+    }
+
+    /// A digest of the group's timers (key, state, fire time, generation),
+    /// equal on replicas that applied the same log: the chaos checker's
+    /// replica-agreement check. Also returns the number of timers.
+    pub fn state_digest(&self, group: GroupId) -> io::Result<StateDigest> {
+        // One RocksDB snapshot for both reads: `apply` writes the timers and
+        // `last_applied` in one batch, so the digest is exactly the state at
+        // `applied_index` and replicas can be compared index for index.
+        let snapshot = self.db().snapshot();
+        let applied: Option<crate::LogId> = match snapshot
+            .get_cf(self.cf(keys::CF_SM_META), keys::tag_key(group, keys::sm_meta::APPLIED))
+            .map_err(to_io)?
+        {
+            Some(bytes) => Some(codec::decode(&bytes)?),
+            None => None,
+        };
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(keys::group_end(group).to_vec());
+        let start = keys::group_start(group);
+        let mut h = Xxh3::new();
+        let mut count = 0u64;
+        for item in
+            snapshot.iterator_cf_opt(self.cf(keys::CF_TIMERS), opts, IteratorMode::From(&start, Direction::Forward))
+        {
+            let (key, value) = item.map_err(to_io)?;
+            let record: TimerRecord = codec::decode(&value)?;
+            h.update(&(key.len() as u32).to_be_bytes());
+            h.update(&key[8..]);
+            h.update(&[state_code(record.state)]);
+            h.update(&record.fire_at_ms.to_be_bytes());
+            h.update(&record.generation.to_be_bytes());
+            count += 1;
+        }
+        Ok(StateDigest { applied_index: applied.map_or(0, |l| l.index), digest: h.digest(), timer_count: count })
+    }
+}
+
+/// A replica's applied state in one number, and the log index it reflects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct StateDigest {
+    pub applied_index: u64,
+    pub digest: u64,
+    pub timer_count: u64,
+}
+
+fn state_code(state: TimerState) -> u8 {
+    match state {
+        TimerState::Scheduled => 1,
+        TimerState::Firing => 2,
+        TimerState::Delivered => 3,
+        TimerState::Dead => 4,
+        TimerState::Cancelled => 5,
+    }
+}

@@ -1,0 +1,347 @@
+//! [`StateMachine`]: openraft's `RaftStateMachine` for one group, applying
+//! `tocsin-core`'s rules to the timers stored in RocksDB.
+//!
+//! Apply reads through an overlay (so later commands of a batch see earlier
+//! ones), collects every change — timer rows, fire-time and retention index
+//! entries, horizon counters, the shard's meta, `last_applied` and the
+//! membership — into one `WriteBatch`, writes it durably, and only then
+//! answers openraft. A broken invariant stops the group: apply returns an
+//! error, which openraft treats as fatal.
+
+use std::collections::BTreeMap;
+use std::collections::HashMap;
+use std::io;
+use std::sync::Arc;
+
+use futures::Stream;
+use futures::TryStreamExt;
+use openraft::EntryPayload;
+use openraft::OptionalSend;
+use openraft::RaftSnapshotBuilder;
+use openraft::entry::RaftEntry;
+use openraft::storage::EntryResponder;
+use openraft::storage::RaftStateMachine;
+use rocksdb::WriteBatch;
+use tocsin_core::ShardMeta;
+use tocsin_core::TimerKey;
+use tocsin_core::TimerRecord;
+use tocsin_core::TimerTable;
+use tocsin_core::apply::ApplyError;
+use tocsin_core::apply::apply_proposal;
+use tocsin_core::command::ApplyResponse;
+
+use crate::Entry;
+use crate::LogId;
+use crate::SnapshotMeta;
+use crate::StoredMembership;
+use crate::TypeConfig;
+use crate::codec;
+use crate::db::Store;
+use crate::db::to_io;
+use crate::keys;
+use crate::keys::GroupId;
+use crate::keys::sm_meta;
+use crate::snapshot;
+use crate::snapshot::SnapshotFile;
+
+/// One group's state machine.
+#[derive(Clone)]
+pub struct StateMachine {
+    store: Arc<Store>,
+    group: GroupId,
+}
+
+impl std::fmt::Debug for StateMachine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StateMachine").field("group", &self.group).finish()
+    }
+}
+
+impl StateMachine {
+    /// Opens the group's state machine, first completing an install that a
+    /// crash interrupted.
+    pub async fn open(store: Arc<Store>, group: GroupId) -> io::Result<StateMachine> {
+        let sm = StateMachine { store, group };
+        if let Some(path) = snapshot::interrupted_install(&sm.store, group)? {
+            tracing::warn!(group, path = %path.display(), "completing an interrupted snapshot install");
+            let file = SnapshotFile::open(&path).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("group {group}: interrupted install of {} cannot resume: {e}", path.display()),
+                )
+            })?;
+            let store = sm.store.clone();
+            tokio::task::spawn_blocking(move || snapshot::install(&store, group, &file)).await??;
+        }
+        Ok(sm)
+    }
+
+    pub fn group(&self) -> GroupId {
+        self.group
+    }
+
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    fn get_meta<T: serde::de::DeserializeOwned>(&self, tag: u8) -> io::Result<Option<T>> {
+        let cf = self.store.cf(keys::CF_SM_META);
+        match self.store.db().get_cf(cf, keys::tag_key(self.group, tag)).map_err(to_io)? {
+            Some(bytes) => Ok(Some(codec::decode(&bytes)?)),
+            None => Ok(None),
+        }
+    }
+
+    /// The shard's counters and fencing epoch, as last applied.
+    pub fn shard_meta(&self) -> io::Result<ShardMeta> {
+        Ok(self.get_meta(sm_meta::SHARD)?.unwrap_or_default())
+    }
+
+    /// Applies `entries` (consecutive, after the last applied one) in one
+    /// durable write and returns each entry's response.
+    pub async fn apply_entries(&self, entries: Vec<Entry>) -> io::Result<Vec<ApplyResponse>> {
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
+        let this = self.clone();
+        let (batch, responses) = tokio::task::spawn_blocking(move || this.apply_batch(&entries)).await??;
+        // Timers, indexes, counters and last_applied become durable together;
+        // only then does anyone hear about them.
+        self.store.write_durable(batch).await?;
+        Ok(responses)
+    }
+
+    /// Builds the write batch for applying `entries`. Blocking.
+    fn apply_batch(&self, entries: &[Entry]) -> io::Result<(WriteBatch, Vec<ApplyResponse>)> {
+        let mut meta = self.shard_meta()?;
+        let mut overlay = Overlay {
+            store: &self.store,
+            group: self.group,
+            batch: WriteBatch::default(),
+            cache: HashMap::new(),
+            horizon: BTreeMap::new(),
+        };
+        let mut responses = Vec::with_capacity(entries.len());
+        let mut last_applied: Option<LogId> = None;
+        let mut membership: Option<StoredMembership> = None;
+        for entry in entries {
+            let log_id = entry.log_id();
+            let results = match &entry.payload {
+                EntryPayload::Blank => Vec::new(),
+                EntryPayload::Normal(proposal) => apply_proposal(&mut overlay, &mut meta, log_id.index(), proposal)
+                    .map_err(|e| match e {
+                        ApplyError::Storage(e) => e,
+                        ApplyError::Invariant { .. } => {
+                            tracing::error!(group = self.group, error = %e, "stopping the group");
+                            io::Error::new(io::ErrorKind::InvalidData, format!("group {}: {e}", self.group))
+                        }
+                    })?,
+                EntryPayload::Membership(m) => {
+                    membership = Some(StoredMembership::new(Some(log_id), m.clone()));
+                    Vec::new()
+                }
+            };
+            responses.push(ApplyResponse { results });
+            last_applied = Some(log_id);
+        }
+        overlay.flush_horizon()?;
+        let mut batch = overlay.batch;
+        let cf = self.store.cf(keys::CF_SM_META);
+        batch.put_cf(cf, keys::tag_key(self.group, sm_meta::SHARD), codec::encode(&meta)?);
+        if let Some(last_applied) = &last_applied {
+            batch.put_cf(cf, keys::tag_key(self.group, sm_meta::APPLIED), codec::encode(last_applied)?);
+        }
+        if let Some(membership) = &membership {
+            batch.put_cf(cf, keys::tag_key(self.group, sm_meta::MEMBERSHIP), codec::encode(membership)?);
+        }
+        Ok((batch, responses))
+    }
+}
+
+/// The rules' view of the group's timers: reads fall through to RocksDB,
+/// writes go to the batch and are remembered for later reads in the batch.
+struct Overlay<'a> {
+    store: &'a Store,
+    group: GroupId,
+    batch: WriteBatch,
+    cache: HashMap<TimerKey, Option<TimerRecord>>,
+    /// Net change of each (namespace, minute) horizon counter.
+    horizon: BTreeMap<(String, u64), i64>,
+}
+
+impl Overlay<'_> {
+    fn flush_horizon(&mut self) -> io::Result<()> {
+        let cf = self.store.cf(keys::CF_HORIZON);
+        for ((namespace, minute), delta) in std::mem::take(&mut self.horizon) {
+            if delta == 0 {
+                continue;
+            }
+            let key = keys::horizon_key(self.group, &namespace, minute);
+            let current = match self.store.db().get_cf(cf, &key).map_err(to_io)? {
+                Some(bytes) => u64::from_be_bytes(
+                    bytes
+                        .as_slice()
+                        .try_into()
+                        .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "horizon counter"))?,
+                ),
+                None => 0,
+            };
+            let next = current.checked_add_signed(delta).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "group {}: horizon counter {namespace}/{minute} would go from {current} by {delta}",
+                        self.group
+                    ),
+                )
+            })?;
+            if next == 0 {
+                self.batch.delete_cf(cf, key);
+            } else {
+                self.batch.put_cf(cf, key, next.to_be_bytes());
+            }
+        }
+        Ok(())
+    }
+}
+
+impl TimerTable for Overlay<'_> {
+    type Error = io::Error;
+
+    fn get(&mut self, key: &TimerKey) -> io::Result<Option<TimerRecord>> {
+        if let Some(cached) = self.cache.get(key) {
+            return Ok(cached.clone());
+        }
+        let cf = self.store.cf(keys::CF_TIMERS);
+        let record = match self.store.db().get_cf(cf, keys::timer_key(self.group, key)).map_err(to_io)? {
+            Some(bytes) => Some(codec::decode::<TimerRecord>(&bytes)?),
+            None => None,
+        };
+        self.cache.insert(key.clone(), record.clone());
+        Ok(record)
+    }
+
+    fn write(&mut self, key: &TimerKey, old: Option<&TimerRecord>, new: Option<&TimerRecord>) -> io::Result<()> {
+        let group = self.group;
+        let timers = self.store.cf(keys::CF_TIMERS);
+        match new {
+            Some(record) => self.batch.put_cf(timers, keys::timer_key(group, key), codec::encode(record)?),
+            None => self.batch.delete_cf(timers, keys::timer_key(group, key)),
+        }
+        // Index entries are derived from the record, so they change only when
+        // the derived value changes.
+        let indexes: [(&str, fn(&TimerRecord) -> Option<u64>); 2] =
+            [(keys::CF_DUE, TimerRecord::due_ms), (keys::CF_RETENTION, TimerRecord::purge_after_ms)];
+        for (cf_name, derive) in indexes {
+            let (before, after) = (old.and_then(derive), new.and_then(derive));
+            if before != after {
+                let cf = self.store.cf(cf_name);
+                if let Some(at) = before {
+                    self.batch.delete_cf(cf, keys::time_index_key(group, at, key));
+                }
+                if let Some(at) = after {
+                    self.batch.put_cf(cf, keys::time_index_key(group, at, key), []);
+                }
+            }
+        }
+        let (before, after) = (old.and_then(TimerRecord::horizon_minute), new.and_then(TimerRecord::horizon_minute));
+        if before != after {
+            if let Some(m) = before {
+                *self.horizon.entry((key.namespace.clone(), m)).or_default() -= 1;
+            }
+            if let Some(m) = after {
+                *self.horizon.entry((key.namespace.clone(), m)).or_default() += 1;
+            }
+        }
+        self.cache.insert(key.clone(), new.cloned());
+        Ok(())
+    }
+}
+
+impl RaftSnapshotBuilder<TypeConfig> for StateMachine {
+    type SnapshotData = SnapshotFile;
+
+    async fn build_snapshot(&mut self) -> Result<openraft::alias::SnapshotOf<TypeConfig, SnapshotFile>, io::Error> {
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let dir = this.store.snapshot_dir(this.group);
+            let group = this.group;
+            let file = snapshot::build(&this.store, group, &dir, |get| {
+                let read = |tag: u8| get(keys::CF_SM_META, &keys::tag_key(group, tag));
+                let last_log_id: Option<LogId> = read(sm_meta::APPLIED)?.map(|b| codec::decode(&b)).transpose()?;
+                let last_membership: StoredMembership =
+                    read(sm_meta::MEMBERSHIP)?.map(|b| codec::decode(&b)).transpose()?.unwrap_or_default();
+                Ok(SnapshotMeta { last_log_id, last_membership })
+            })?;
+            let header = file.verify()?;
+            tracing::info!(group, bytes = file.len(), last = ?header.meta.last_log_id, "built snapshot");
+            Ok(openraft::alias::SnapshotOf::<TypeConfig, SnapshotFile> { meta: header.meta, snapshot: file })
+        })
+        .await?
+    }
+}
+
+impl RaftStateMachine<TypeConfig> for StateMachine {
+    type SnapshotData = SnapshotFile;
+    type SnapshotBuilder = Self;
+
+    async fn applied_state(&mut self) -> Result<(Option<LogId>, StoredMembership), io::Error> {
+        let applied = self.get_meta(sm_meta::APPLIED)?;
+        let membership = self.get_meta(sm_meta::MEMBERSHIP)?.unwrap_or_default();
+        Ok((applied, membership))
+    }
+
+    async fn apply<Strm>(&mut self, mut entries: Strm) -> Result<(), io::Error>
+    where
+        Strm: Stream<Item = Result<EntryResponder<TypeConfig>, io::Error>> + Unpin + OptionalSend,
+    {
+        let mut batch_entries = Vec::new();
+        let mut responders = Vec::new();
+        while let Some((entry, responder)) = entries.try_next().await? {
+            batch_entries.push(entry);
+            responders.push(responder);
+        }
+        let responses = self.apply_entries(batch_entries).await?;
+        for (responder, response) in responders.into_iter().zip(responses) {
+            if let Some(responder) = responder {
+                responder.send(response);
+            }
+        }
+        Ok(())
+    }
+
+    async fn get_snapshot_builder(&mut self) -> Self::SnapshotBuilder {
+        self.clone()
+    }
+
+    async fn install_snapshot(&mut self, meta: &SnapshotMeta, snapshot: SnapshotFile) -> Result<(), io::Error> {
+        let this = self.clone();
+        let meta = meta.clone();
+        tokio::task::spawn_blocking(move || {
+            let header = snapshot.verify()?;
+            if header.meta != meta {
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("snapshot file meta {:?} differs from the announced {:?}", header.meta, meta),
+                ));
+            }
+            let dir = this.store.snapshot_dir(this.group);
+            let retained = snapshot::retain(&snapshot, &header, &dir)?;
+            snapshot::install(&this.store, this.group, &retained)?;
+            snapshot::remove_older(&dir, retained.path())?;
+            tracing::info!(group = this.group, last = ?meta.last_log_id, bytes = retained.len(), "installed snapshot");
+            Ok(())
+        })
+        .await?
+    }
+
+    async fn get_current_snapshot(
+        &mut self,
+    ) -> Result<Option<openraft::alias::SnapshotOf<TypeConfig, SnapshotFile>>, io::Error> {
+        let dir = self.store.snapshot_dir(self.group);
+        Ok(snapshot::current(&dir)?.map(|(file, header)| openraft::alias::SnapshotOf::<TypeConfig, SnapshotFile> {
+            meta: header.meta,
+            snapshot: file,
+        }))
+    }
+}
