@@ -1,0 +1,403 @@
+//! The HTTP/JSON mirror of the `TimerService`, plus health, readiness and
+//! Prometheus metrics.
+//!
+//! | method and path | does |
+//! |---|---|
+//! | `POST /v1/timers` | create (201 created, 200 identical repeat) |
+//! | `POST /v1/timers:batch` | create up to 1,000 |
+//! | `GET /v1/timers/{namespace}/{id}` | get |
+//! | `DELETE /v1/timers/{namespace}/{id}` | cancel (404 carries `NOT_FOUND`) |
+//! | `POST /v1/timers/{namespace}/{id}:reschedule` | reschedule |
+//! | `GET /v1/timers/{namespace}?state=&fire_after_ms=&fire_before_ms=&page_size=&page_token=` | list |
+//! | `GET /v1/namespaces/{namespace}/horizon` | fires in the next minute, hour, day |
+//! | `GET /v1/cluster` | nodes and shards |
+//! | `GET /healthz`, `GET /readyz`, `GET /metrics` | operations |
+//!
+//! Bodies are parsed into the generated proto types and handed to the same
+//! [`TimerApi`] as gRPC. Errors are `{"error": {"code", "message", "field",
+//! "leader", …}}` with the HTTP status of the gRPC code. The body size is
+//! checked while reading, before the JSON is parsed.
+
+use openraft::async_runtime::WatchReceiver as _;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
+use axum::extract::Path;
+use axum::extract::Query;
+use axum::extract::State;
+use axum::http::HeaderValue;
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::response::Response;
+use axum::routing::get;
+use axum::routing::post;
+use serde::de::DeserializeOwned;
+use serde_json::json;
+use tocsin_proto::v1 as pb;
+use tocsin_proto::v1::timer_service_server::TimerService;
+
+use crate::api::admin::AdminApi;
+use crate::api::error;
+use crate::api::timers::TimerApi;
+use crate::json::CreateTimerJson;
+use crate::json::CreateTimersJson;
+use crate::json::ErrorJson;
+use crate::json::RescheduleJson;
+use crate::json::TimerJson;
+use crate::node::NodeState;
+
+#[derive(Clone)]
+struct HttpState {
+    timers: TimerApi,
+    admin: AdminApi,
+    node: Arc<NodeState>,
+}
+
+/// The HTTP router for a node.
+pub fn router(node: Arc<NodeState>) -> Router {
+    let max_body = node.config.admission.max_request_bytes;
+    let state = HttpState { timers: TimerApi::new(node.clone()), admin: AdminApi::new(node.clone()), node };
+    Router::new()
+        .route("/v1/timers", post(create))
+        .route("/v1/timers:batch", post(create_batch))
+        .route("/v1/timers/{namespace}", get(list))
+        .route("/v1/timers/{namespace}/{id}", get(get_timer).delete(cancel).post(action))
+        .route("/v1/namespaces/{namespace}/horizon", get(horizon))
+        .route("/v1/cluster", get(cluster))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready))
+        .route("/metrics", get(metrics_text))
+        .fallback(|| async { error_response(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route", "") })
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::map_response(move |resp: Response| async move { json_413(resp, max_body) }))
+        .with_state(state)
+}
+
+/// axum answers an oversized body with plain text; give it the API's JSON
+/// error shape.
+fn json_413(resp: Response, max_body: usize) -> Response {
+    if resp.status() != StatusCode::PAYLOAD_TOO_LARGE {
+        return resp;
+    }
+    let message = format!("request body exceeds {max_body} bytes");
+    error_response(StatusCode::PAYLOAD_TOO_LARGE, "RESOURCE_EXHAUSTED", &message, "body")
+}
+
+fn error_response(status: StatusCode, code: &str, message: &str, field: &str) -> Response {
+    let body = ErrorJson {
+        code: code.into(),
+        message: message.into(),
+        field: field.into(),
+        leader: None,
+        map_epoch: 0,
+        retry_after_ms: 0,
+    };
+    (status, Json(json!({ "error": body }))).into_response()
+}
+
+/// A gRPC status as an HTTP error response.
+fn status_response(status: tonic::Status) -> Response {
+    let info = error::info_of(&status);
+    let http = error::http_status(status.code());
+    let mut resp = (http, Json(json!({ "error": ErrorJson::from_info(&info) }))).into_response();
+    if info.retry_after_ms > 0 {
+        let secs = info.retry_after_ms.div_ceil(1000).to_string();
+        if let Ok(v) = HeaderValue::from_str(&secs) {
+            resp.headers_mut().insert("retry-after", v);
+        }
+    }
+    resp
+}
+
+/// Parses a JSON body into `T`, answering 400 (with the serde message, which
+/// names the field) when it does not fit.
+fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, Response> {
+    if body.is_empty() {
+        return Err(error_response(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", "request body is empty", "body"));
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        let message = format!("malformed JSON: {e}");
+        error_response(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", &message, "body")
+    })
+}
+
+async fn create(State(s): State<HttpState>, body: Bytes) -> Response {
+    let req: CreateTimerJson = match parse(&body) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    if req.has_both_fire_times() {
+        return error_response(
+            StatusCode::BAD_REQUEST,
+            "INVALID_ARGUMENT",
+            "give fire_at_ms or delay_ms, not both",
+            "delay_ms",
+        );
+    }
+    match s.timers.create_timer(tonic::Request::new(req.into_proto())).await {
+        Ok(resp) => {
+            let resp = resp.into_inner();
+            let status = if resp.created { StatusCode::CREATED } else { StatusCode::OK };
+            let timer = resp.timer.as_ref().map(TimerJson::from_proto);
+            (status, Json(json!({ "timer": timer, "created": resp.created }))).into_response()
+        }
+        Err(status) => status_response(status),
+    }
+}
+
+async fn create_batch(State(s): State<HttpState>, body: Bytes) -> Response {
+    let req: CreateTimersJson = match parse(&body) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    if let Some(i) = req.timers.iter().position(CreateTimerJson::has_both_fire_times) {
+        let message = format!("timers[{i}]: give fire_at_ms or delay_ms, not both");
+        return error_response(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", &message, "delay_ms");
+    }
+    let timers = req.timers.into_iter().map(CreateTimerJson::into_proto).collect();
+    match s.timers.create_timers(tonic::Request::new(pb::CreateTimersRequest { timers })).await {
+        Ok(resp) => {
+            let results: Vec<serde_json::Value> = resp
+                .into_inner()
+                .results
+                .into_iter()
+                .map(|r| match r.result {
+                    Some(pb::create_timer_result::Result::Ok(ok)) => json!({
+                        "ok": { "timer": ok.timer.as_ref().map(TimerJson::from_proto), "created": ok.created }
+                    }),
+                    Some(pb::create_timer_result::Result::Error(info)) => {
+                        json!({ "error": ErrorJson::from_info(&info) })
+                    }
+                    None => json!({}),
+                })
+                .collect();
+            Json(json!({ "results": results })).into_response()
+        }
+        Err(status) => status_response(status),
+    }
+}
+
+async fn get_timer(State(s): State<HttpState>, Path((namespace, id)): Path<(String, String)>) -> Response {
+    match s.timers.get_timer(tonic::Request::new(pb::GetTimerRequest { namespace, id })).await {
+        Ok(resp) => {
+            Json(json!({ "timer": resp.into_inner().timer.as_ref().map(TimerJson::from_proto) })).into_response()
+        }
+        Err(status) => status_response(status),
+    }
+}
+
+async fn cancel(State(s): State<HttpState>, Path((namespace, id)): Path<(String, String)>) -> Response {
+    let key = format!("{namespace}/{id}");
+    match s.timers.cancel_timer(tonic::Request::new(pb::CancelTimerRequest { namespace, id })).await {
+        Ok(resp) => {
+            let resp = resp.into_inner();
+            let outcome = pb::cancel_timer_response::Outcome::try_from(resp.outcome)
+                .map(|o| o.as_str_name())
+                .unwrap_or("OUTCOME_UNSPECIFIED");
+            let mut body = json!({ "outcome": outcome });
+            if let Some(timer) = &resp.timer {
+                body["timer"] = json!(TimerJson::from_proto(timer));
+            }
+            if let Some(fire) = &resp.fire {
+                body["epoch"] = json!(fire.epoch);
+                body["fire_id"] = json!(fire.fire_id);
+                body["attempt"] = json!(fire.attempt);
+            }
+            if outcome == "NOT_FOUND" {
+                body["error"] = json!(ErrorJson {
+                    code: "NOT_FOUND".into(),
+                    message: format!("no timer {key}"),
+                    field: String::new(),
+                    leader: None,
+                    map_epoch: 0,
+                    retry_after_ms: 0,
+                });
+                return (StatusCode::NOT_FOUND, Json(body)).into_response();
+            }
+            Json(body).into_response()
+        }
+        Err(status) => status_response(status),
+    }
+}
+
+/// `POST /v1/timers/{namespace}/{id}:reschedule`.
+async fn action(State(s): State<HttpState>, Path((namespace, id)): Path<(String, String)>, body: Bytes) -> Response {
+    let Some(id) = id.strip_suffix(":reschedule") else {
+        return error_response(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route; did you mean {id}:reschedule", "");
+    };
+    let req: RescheduleJson = match parse(&body) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    let fire_time = match (req.fire_at_ms, req.delay_ms) {
+        (Some(_), Some(_)) => {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                "INVALID_ARGUMENT",
+                "give fire_at_ms or delay_ms, not both",
+                "delay_ms",
+            );
+        }
+        (Some(at), None) => Some(pb::reschedule_timer_request::FireTime::FireAtMs(at)),
+        (None, Some(d)) => Some(pb::reschedule_timer_request::FireTime::DelayMs(d)),
+        (None, None) => None,
+    };
+    let request = pb::RescheduleTimerRequest {
+        namespace,
+        id: id.to_string(),
+        expected_generation: req.expected_generation,
+        fire_time,
+    };
+    match s.timers.reschedule_timer(tonic::Request::new(request)).await {
+        Ok(resp) => {
+            Json(json!({ "timer": resp.into_inner().timer.as_ref().map(TimerJson::from_proto) })).into_response()
+        }
+        Err(status) => status_response(status),
+    }
+}
+
+async fn list(
+    State(s): State<HttpState>,
+    Path(namespace): Path<String>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let num = |name: &str| -> Result<u64, Response> {
+        match query.get(name) {
+            None => Ok(0),
+            Some(v) => v.parse().map_err(|_| {
+                error_response(
+                    StatusCode::BAD_REQUEST,
+                    "INVALID_ARGUMENT",
+                    &format!("{name} must be an unsigned integer"),
+                    name,
+                )
+            }),
+        }
+    };
+    let state = match query.get("state").map(String::as_str) {
+        None | Some("") => 0,
+        Some(name) => match pb::timer::State::from_str_name(name) {
+            Some(s) => s as i32,
+            None => {
+                return error_response(
+                    StatusCode::BAD_REQUEST,
+                    "INVALID_ARGUMENT",
+                    &format!("unknown state {name:?}: use SCHEDULED, FIRING, DELIVERED, DEAD or CANCELLED"),
+                    "state",
+                );
+            }
+        },
+    };
+    let request = match (|| -> Result<pb::ListTimersRequest, Response> {
+        Ok(pb::ListTimersRequest {
+            namespace: namespace.clone(),
+            state,
+            fire_after_ms: num("fire_after_ms")?,
+            fire_before_ms: num("fire_before_ms")?,
+            page_size: u32::try_from(num("page_size")?).unwrap_or(u32::MAX),
+            page_token: query.get("page_token").cloned().unwrap_or_default(),
+        })
+    })() {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    match s.timers.list_timers(tonic::Request::new(request)).await {
+        Ok(resp) => {
+            let resp = resp.into_inner();
+            let timers: Vec<TimerJson> = resp.timers.iter().map(TimerJson::from_proto).collect();
+            Json(json!({ "timers": timers, "next_page_token": resp.next_page_token })).into_response()
+        }
+        Err(status) => status_response(status),
+    }
+}
+
+async fn horizon(State(s): State<HttpState>, Path(namespace): Path<String>) -> Response {
+    match s.timers.get_horizon(tonic::Request::new(pb::GetHorizonRequest { namespace })).await {
+        Ok(resp) => {
+            let h = resp.into_inner();
+            Json(json!({
+                "as_of_ms": h.as_of_ms,
+                "overdue": h.overdue,
+                "next_minute": h.next_minute,
+                "next_hour": h.next_hour,
+                "next_day": h.next_day,
+                "bucket_ms": h.bucket_ms,
+            }))
+            .into_response()
+        }
+        Err(status) => status_response(status),
+    }
+}
+
+async fn cluster(State(s): State<HttpState>) -> Response {
+    let info = s.admin.cluster_info();
+    let nodes: Vec<serde_json::Value> = info
+        .nodes
+        .iter()
+        .map(|n| {
+            json!({
+                "node_id": n.node_id,
+                "grpc_addr": n.grpc_addr,
+                "http_addr": n.http_addr,
+                "state": pb::node_info::State::try_from(n.state).map(|s| s.as_str_name()).unwrap_or("STATE_UNSPECIFIED"),
+            })
+        })
+        .collect();
+    let shards: Vec<serde_json::Value> = info
+        .shards
+        .iter()
+        .map(|s| {
+            json!({
+                "shard": s.shard,
+                "replicas": s.replicas,
+                "learners": s.learners,
+                "leader": s.leader,
+                "term": s.term,
+                "epoch": s.epoch,
+                "committed_index": s.committed_index,
+                "applied_index": s.applied_index,
+                "pending_timers": s.pending_timers,
+                "firing_timers": s.firing_timers,
+            })
+        })
+        .collect();
+    Json(json!({
+        "node_id": info.node_id,
+        "map_epoch": info.map_epoch,
+        "num_shards": info.num_shards,
+        "nodes": nodes,
+        "shards": shards,
+    }))
+    .into_response()
+}
+
+/// Ready when every shard this node hosts has a leader somewhere and the
+/// store accepts writes.
+async fn ready(State(s): State<HttpState>) -> Response {
+    if s.node.store.has_failed() {
+        return (StatusCode::SERVICE_UNAVAILABLE, "store failed\n").into_response();
+    }
+    let leaderless: Vec<u32> = s
+        .node
+        .shards
+        .iter()
+        .flatten()
+        .filter(|ctx| ctx.raft.metrics().borrow_watched().current_leader.is_none())
+        .map(|ctx| ctx.shard)
+        .collect();
+    if leaderless.is_empty() {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, format!("shards without a leader: {leaderless:?}\n")).into_response()
+    }
+}
+
+async fn metrics_text(State(s): State<HttpState>) -> Response {
+    s.node.refresh_gauges();
+    let text = s.node.metrics.as_ref().map(|h| h.render()).unwrap_or_default();
+    ([("content-type", "text/plain; version=0.0.4")], text).into_response()
+}

@@ -1,0 +1,109 @@
+//! Keeps shard leaderships spread evenly over the nodes.
+//!
+//! Every node computes the same preferred leader per shard
+//! (`tocsin_core::routing::spread_leaders` over the ring's replica lists).
+//! A node leading a shard whose preferred leader is another healthy, caught
+//! up voter hands the leadership over, one shard at a time and not more
+//! often than the cooldown allows, so a node that restarts gets its share
+//! back once it has caught up, and nothing flaps.
+//!
+//! Handing over is also how a node shuts down gracefully:
+//! [`hand_over_all`] moves every leadership it holds to the best other
+//! voter before the process exits, so a rolling restart costs no election
+//! timeout.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use std::time::Instant;
+
+use openraft::async_runtime::WatchReceiver as _;
+use tocsin_core::ShardId;
+
+use crate::node::NodeState;
+use crate::shard::ShardCtx;
+
+/// How long after a leadership change a shard is left alone.
+const COOLDOWN: Duration = Duration::from_secs(10);
+/// How far behind (in entries) a voter may be and still take leadership.
+const MAX_LAG: u64 = 64;
+
+/// Voters of `ctx`'s group that acknowledged a heartbeat recently and whose
+/// log matches this leader's to within [`MAX_LAG`] entries.
+pub fn healthy_voters(ctx: &ShardCtx) -> Vec<u64> {
+    let m = ctx.raft.metrics().borrow_watched().clone();
+    let last = m.last_log_index.unwrap_or(0);
+    let Some(replication) = m.replication.as_ref() else { return Vec::new() };
+    let heartbeats = m.heartbeat.clone().unwrap_or_default();
+    m.membership_config
+        .membership()
+        .voter_ids()
+        .filter(|id| *id != ctx.node_id)
+        .filter(|id| {
+            let matched = replication.get(id).cloned().flatten().map_or(0, |l| l.index);
+            let fresh = heartbeats
+                .get(id)
+                .cloned()
+                .flatten()
+                .is_some_and(|t| openraft::Instant::elapsed(&t.into_inner()) < Duration::from_secs(1));
+            fresh && matched + MAX_LAG >= last
+        })
+        .collect()
+}
+
+/// Runs the balancer until the node stops.
+pub async fn run(node: Arc<NodeState>) {
+    let preferred = preferred_leaders(&node);
+    let mut last_move: BTreeMap<ShardId, Instant> = BTreeMap::new();
+    loop {
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        if node.shutting_down() {
+            return;
+        }
+        for ctx in node.shards.iter().flatten() {
+            if ctx.epoch().is_none() {
+                continue;
+            }
+            let Some(&Some(want)) = preferred.get(ctx.shard as usize) else { continue };
+            if want == node.node_id || last_move.get(&ctx.shard).is_some_and(|t| t.elapsed() < COOLDOWN) {
+                continue;
+            }
+            if !healthy_voters(ctx).contains(&want) {
+                continue;
+            }
+            tracing::info!(shard = ctx.shard, to = want, "handing leadership to the preferred node");
+            last_move.insert(ctx.shard, Instant::now());
+            let _ = ctx.raft.trigger().transfer_leader(want).await;
+            // One move per round keeps changes gradual.
+            break;
+        }
+    }
+}
+
+/// The preferred leader of each shard: the same on every node.
+fn preferred_leaders(node: &NodeState) -> Vec<Option<u64>> {
+    let Ok(members) = node.config.initial_members() else { return Vec::new() };
+    let ring = tocsin_core::routing::Ring::new(members.iter().map(|m| m.0));
+    let rf = node.config.replication_factor.min(members.len());
+    let placements: Vec<Vec<u64>> = (0..node.config.num_shards).map(|s| ring.replicas(s, rf)).collect();
+    tocsin_core::routing::spread_leaders(&placements)
+}
+
+/// Moves every leadership this node holds to a healthy voter, waiting up to
+/// `timeout` in all; used before a graceful shutdown.
+pub async fn hand_over_all(node: &NodeState, timeout: Duration) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let leading: Vec<&Arc<ShardCtx>> = node.shards.iter().flatten().filter(|c| c.epoch().is_some()).collect();
+    for ctx in &leading {
+        if let Some(to) = healthy_voters(ctx).first() {
+            let _ = ctx.raft.trigger().transfer_leader(*to).await;
+        }
+    }
+    for ctx in leading {
+        while ctx.raft.metrics().borrow_watched().current_leader == Some(node.node_id)
+            && tokio::time::Instant::now() < deadline
+        {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}

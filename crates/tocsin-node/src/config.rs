@@ -1,0 +1,392 @@
+//! Node configuration: a TOML file (every setting is documented in
+//! `deploy/tocsin.example.toml`) with environment overrides.
+//!
+//! Any setting can be overridden by an environment variable named
+//! `TOCSIN_` + its path in upper case, with `__` between table and key:
+//! `TOCSIN_NODE_ID=2`, `TOCSIN_LIMITS__MAX_PAYLOAD_BYTES=131072`. Values are
+//! parsed as TOML (numbers, booleans, arrays) and fall back to strings.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use serde::Serialize;
+use tocsin_core::Limits;
+
+/// Everything a node needs to start.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NodeConfig {
+    /// This node's id: unique in the cluster, never reused for another node.
+    pub node_id: u64,
+    /// Where RocksDB and snapshots live.
+    pub data_dir: PathBuf,
+    /// gRPC listen address (public API and Raft transport).
+    pub grpc_listen: String,
+    /// HTTP/JSON listen address.
+    pub http_listen: String,
+    /// Addresses other nodes and clients use to reach this node; default to
+    /// the listen addresses.
+    pub grpc_advertise: Option<String>,
+    pub http_advertise: Option<String>,
+    /// Number of shards, fixed when the cluster is created.
+    pub num_shards: u32,
+    /// Initial voters, `id=grpc_addr` or `id=grpc_addr/http_addr`; empty means
+    /// a single-node cluster of this node. Only the node with the lowest id
+    /// initializes the groups; the others wait to be contacted.
+    pub initial_cluster: Vec<String>,
+    /// Replicas per shard (at most the number of initial voters).
+    pub replication_factor: usize,
+    pub limits: Limits,
+    pub raft: RaftTuning,
+    pub firing: FiringConfig,
+    pub delivery: DeliveryConfig,
+    pub admission: AdmissionConfig,
+    /// Per-namespace settings, such as the webhook signing secret.
+    pub namespaces: BTreeMap<String, NamespaceConfig>,
+    /// Log filter, as `RUST_LOG` (which takes precedence).
+    pub log: String,
+}
+
+impl Default for NodeConfig {
+    fn default() -> Self {
+        NodeConfig {
+            node_id: 1,
+            data_dir: PathBuf::from("./tocsin-data"),
+            grpc_listen: "127.0.0.1:7070".into(),
+            http_listen: "127.0.0.1:7071".into(),
+            grpc_advertise: None,
+            http_advertise: None,
+            num_shards: 16,
+            initial_cluster: Vec::new(),
+            replication_factor: 3,
+            limits: Limits::default(),
+            raft: RaftTuning::default(),
+            firing: FiringConfig::default(),
+            delivery: DeliveryConfig::default(),
+            admission: AdmissionConfig::default(),
+            namespaces: BTreeMap::new(),
+            log: "info".into(),
+        }
+    }
+}
+
+/// Raft timings. The defaults are tuned for sub-second failover on a LAN:
+/// a dead leader is noticed within the election timeout, and the new one
+/// fires within about 0.5 s.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RaftTuning {
+    /// Leader heartbeat: well under half the election timeout, so one lost
+    /// heartbeat does not start an election.
+    pub heartbeat_ms: u64,
+    /// Election timeouts are drawn from [min, max] per campaign (openraft
+    /// 0.10 re-draws each time, so two candidates cannot split forever).
+    pub election_timeout_min_ms: u64,
+    pub election_timeout_max_ms: u64,
+    /// Take a snapshot after this many log entries since the last.
+    pub snapshot_every_entries: u64,
+    /// Keep this many entries behind a snapshot, so a briefly lagging
+    /// follower catches up from the log rather than a snapshot.
+    pub keep_entries_after_snapshot: u64,
+    /// Deadline of every Raft RPC except snapshot transfer.
+    pub rpc_timeout_ms: u64,
+}
+
+impl Default for RaftTuning {
+    fn default() -> Self {
+        RaftTuning {
+            heartbeat_ms: 50,
+            election_timeout_min_ms: 150,
+            election_timeout_max_ms: 300,
+            snapshot_every_entries: 20_000,
+            keep_entries_after_snapshot: 5_000,
+            rpc_timeout_ms: 1_000,
+        }
+    }
+}
+
+/// The leader's wheel and the loader that feeds it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FiringConfig {
+    /// Only timers due within this window are held in memory.
+    pub hot_window_ms: u64,
+    /// Timers loaded per scan of the fire-time index.
+    pub load_page: usize,
+    /// Most timers held in one shard's wheel; past it the loader waits.
+    pub max_wheel_entries: usize,
+    /// Most `Fire` commands in one proposal.
+    pub fire_batch: usize,
+    /// Purge finished timers past retention this often.
+    pub purge_interval_ms: u64,
+}
+
+impl Default for FiringConfig {
+    fn default() -> Self {
+        FiringConfig {
+            hot_window_ms: 60_000,
+            load_page: 10_000,
+            max_wheel_entries: 1_000_000,
+            fire_batch: 1_000,
+            purge_interval_ms: 10_000,
+        }
+    }
+}
+
+/// Webhook and pull delivery.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeliveryConfig {
+    /// Webhook request timeout; a timeout is a failed attempt.
+    pub webhook_timeout_ms: u64,
+    /// Most concurrent requests to one endpoint (scheme, host and port).
+    pub per_endpoint_concurrency: usize,
+    /// Most deliveries waiting for one endpoint; past it attempts fail fast
+    /// and back off, so one slow endpoint cannot hold unbounded memory.
+    pub per_endpoint_queue: usize,
+    /// Most webhook requests in flight on the node.
+    pub max_in_flight: usize,
+    /// Deliveries waiting for a pull consumer, per topic.
+    pub max_ready_per_topic: usize,
+}
+
+impl Default for DeliveryConfig {
+    fn default() -> Self {
+        DeliveryConfig {
+            webhook_timeout_ms: 10_000,
+            per_endpoint_concurrency: 64,
+            per_endpoint_queue: 10_000,
+            max_in_flight: 2_048,
+            max_ready_per_topic: 1_000_000,
+        }
+    }
+}
+
+/// What the node accepts.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AdmissionConfig {
+    /// Creates per second per namespace (token bucket, burst = 1 s); 0 means
+    /// unlimited.
+    pub create_rate_per_namespace: u64,
+    /// Creates are refused with RESOURCE_EXHAUSTED while the data
+    /// directory's filesystem has less free space than this.
+    pub min_free_disk_bytes: u64,
+    /// Largest gRPC message and HTTP body accepted, checked before reading
+    /// the whole body.
+    pub max_request_bytes: usize,
+    /// Commands waiting for a proposal, per shard.
+    pub proposal_queue: usize,
+    /// Deadline for a request waiting on Raft.
+    pub request_timeout_ms: u64,
+}
+
+impl Default for AdmissionConfig {
+    fn default() -> Self {
+        AdmissionConfig {
+            create_rate_per_namespace: 0,
+            min_free_disk_bytes: 256 << 20,
+            max_request_bytes: 8 << 20,
+            proposal_queue: 20_000,
+            request_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// Settings of one namespace.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NamespaceConfig {
+    /// Standard Webhooks signing secret (`whsec_` + base64, or raw text of at
+    /// least 24 bytes). Deliveries are signed when set.
+    pub webhook_secret: Option<String>,
+}
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("reading {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("parsing config: {0}")]
+    Parse(String),
+    #[error("{field}: {message}")]
+    Invalid { field: String, message: String },
+}
+
+impl NodeConfig {
+    /// Reads `path` (if given), applies `TOCSIN_*` environment overrides from
+    /// `env`, and validates the result.
+    pub fn load(
+        path: Option<&std::path::Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<NodeConfig, ConfigError> {
+        let mut doc: toml::Table = match path {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+                text.parse().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?
+            }
+            None => toml::Table::new(),
+        };
+        for (name, value) in env {
+            let Some(rest) = name.strip_prefix("TOCSIN_") else { continue };
+            let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
+            set_path(&mut doc, &path, parse_scalar(&value));
+        }
+        let config: NodeConfig =
+            toml::Value::Table(doc).try_into().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid =
+            |field: &str, message: &str| Err(ConfigError::Invalid { field: field.into(), message: message.into() });
+        if self.node_id == 0 {
+            return invalid("node_id", "must be at least 1");
+        }
+        if self.num_shards == 0 || self.num_shards > 4096 {
+            return invalid("num_shards", "must be between 1 and 4096");
+        }
+        if self.raft.heartbeat_ms * 2 >= self.raft.election_timeout_min_ms {
+            return invalid("raft.heartbeat_ms", "must be under half of raft.election_timeout_min_ms");
+        }
+        if self.raft.election_timeout_min_ms >= self.raft.election_timeout_max_ms {
+            return invalid("raft.election_timeout_min_ms", "must be below raft.election_timeout_max_ms");
+        }
+        if self.limits.max_payload_bytes > tocsin_core::limits::HARD_MAX_PAYLOAD_BYTES {
+            return invalid("limits.max_payload_bytes", "must be at most 1 MiB");
+        }
+        if self.limits.max_batch == 0 || self.limits.max_batch > tocsin_core::limits::HARD_MAX_BATCH {
+            return invalid("limits.max_batch", "must be between 1 and 1000");
+        }
+        if self.admission.max_request_bytes < self.limits.max_payload_bytes + 4096 {
+            return invalid("admission.max_request_bytes", "must exceed limits.max_payload_bytes");
+        }
+        if self.firing.fire_batch == 0 || self.firing.load_page == 0 {
+            return invalid("firing.fire_batch", "batches must not be empty");
+        }
+        if self.replication_factor == 0 {
+            return invalid("replication_factor", "must be at least 1");
+        }
+        for (ns, cfg) in &self.namespaces {
+            tocsin_core::validate::check_namespace(ns)
+                .map_err(|e| ConfigError::Invalid { field: format!("namespaces.{ns}"), message: e.message })?;
+            if let Some(secret) = &cfg.webhook_secret
+                && crate::delivery::signing::secret_bytes(secret).len() < 24
+            {
+                return invalid(&format!("namespaces.{ns}.webhook_secret"), "must be at least 24 bytes");
+            }
+        }
+        self.initial_members().map(|_| ())
+    }
+
+    pub fn grpc_advertise(&self) -> String {
+        self.grpc_advertise.clone().unwrap_or_else(|| self.grpc_listen.clone())
+    }
+
+    pub fn http_advertise(&self) -> String {
+        self.http_advertise.clone().unwrap_or_else(|| self.http_listen.clone())
+    }
+
+    /// The initial voters: `(id, grpc address, http address)`.
+    pub fn initial_members(&self) -> Result<Vec<(u64, String, String)>, ConfigError> {
+        if self.initial_cluster.is_empty() {
+            return Ok(vec![(self.node_id, self.grpc_advertise(), self.http_advertise())]);
+        }
+        let mut out = Vec::new();
+        for item in &self.initial_cluster {
+            let bad = || ConfigError::Invalid {
+                field: "initial_cluster".into(),
+                message: format!("{item:?} is not id=grpc_addr or id=grpc_addr/http_addr"),
+            };
+            let (id, addrs) = item.split_once('=').ok_or_else(bad)?;
+            let id: u64 = id.trim().parse().map_err(|_| bad())?;
+            let (grpc, http) = match addrs.split_once('/') {
+                Some((g, h)) => (g.trim().to_string(), h.trim().to_string()),
+                None => (addrs.trim().to_string(), String::new()),
+            };
+            if grpc.is_empty() || id == 0 {
+                return Err(bad());
+            }
+            out.push((id, grpc, http));
+        }
+        out.sort_by_key(|m| m.0);
+        out.dedup_by_key(|m| m.0);
+        if !out.iter().any(|m| m.0 == self.node_id) {
+            return Err(ConfigError::Invalid {
+                field: "initial_cluster".into(),
+                message: format!("does not list this node's id {}", self.node_id),
+            });
+        }
+        Ok(out)
+    }
+}
+
+fn parse_scalar(value: &str) -> toml::Value {
+    // `x = <value>` parses numbers, booleans, arrays and quoted strings; anything
+    // else is taken as a bare string.
+    match format!("x = {value}").parse::<toml::Table>() {
+        Ok(mut t) => t.remove("x").unwrap_or_else(|| toml::Value::String(value.to_string())),
+        Err(_) => toml::Value::String(value.to_string()),
+    }
+}
+
+fn set_path(doc: &mut toml::Table, path: &[String], value: toml::Value) {
+    match path {
+        [] => {}
+        [last] => {
+            doc.insert(last.clone(), value);
+        }
+        [head, rest @ ..] => {
+            let entry = doc.entry(head.clone()).or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            if !entry.is_table() {
+                *entry = toml::Value::Table(toml::Table::new());
+            }
+            if let toml::Value::Table(t) = entry {
+                set_path(t, rest, value);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn env_overrides_nested_settings() {
+        let env = [
+            ("TOCSIN_NODE_ID".to_string(), "3".to_string()),
+            ("TOCSIN_LIMITS__MAX_PAYLOAD_BYTES".to_string(), "1000".to_string()),
+            ("TOCSIN_GRPC_LISTEN".to_string(), "0.0.0.0:9000".to_string()),
+            ("TOCSIN_INITIAL_CLUSTER".to_string(), "[\"1=a:1\", \"3=c:3/c:4\"]".to_string()),
+            ("PATH".to_string(), "/bin".to_string()),
+        ];
+        let c = NodeConfig::load(None, env).unwrap();
+        assert_eq!(c.node_id, 3);
+        assert_eq!(c.limits.max_payload_bytes, 1000);
+        assert_eq!(c.grpc_listen, "0.0.0.0:9000");
+        assert_eq!(c.initial_members().unwrap()[1], (3, "c:3".to_string(), "c:4".to_string()));
+    }
+
+    #[test]
+    fn bad_settings_name_the_field() {
+        let err = NodeConfig::load(None, [("TOCSIN_NUM_SHARDS".to_string(), "0".to_string())]).unwrap_err();
+        assert!(err.to_string().starts_with("num_shards:"), "{err}");
+        let err = NodeConfig::load(None, [("TOCSIN_BOGUS".to_string(), "1".to_string())]).unwrap_err();
+        assert!(err.to_string().contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn the_example_file_parses() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/tocsin.example.toml");
+        let c = NodeConfig::load(Some(&path), []).unwrap();
+        assert_eq!(
+            c,
+            NodeConfig { namespaces: c.namespaces.clone(), ..NodeConfig::default() },
+            "the example documents the defaults"
+        );
+    }
+}

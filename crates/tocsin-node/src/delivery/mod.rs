@@ -1,0 +1,44 @@
+//! Delivery of fired timers: webhooks ([`webhook`]) and pull topics
+//! ([`pull`]), with Standard Webhooks signing ([`signing`]).
+
+pub mod pull;
+pub mod signing;
+pub mod webhook;
+
+use std::sync::Arc;
+
+use tocsin_core::Callback;
+use tocsin_core::FirePhase;
+use tocsin_core::TimerKey;
+use tocsin_core::TimerRecord;
+
+use crate::clock;
+use crate::shard::ShardCtx;
+
+/// Routes each dispatched timer to its delivery mechanism.
+pub struct Dispatcher {
+    pub webhook: Arc<webhook::WebhookSender>,
+    pub pull: Arc<pull::PullHub>,
+}
+
+impl Dispatcher {
+    /// Hands a timer whose `Fire` was just applied to delivery.
+    pub fn dispatch(&self, ctx: &Arc<ShardCtx>, epoch: u64, key: TimerKey, record: TimerRecord) {
+        let Some(fire) = &record.fire else { return };
+        if fire.attempt <= 1 && fire.fired_at_ms == fire.attempt_started_at_ms {
+            // Fire lateness: how long after its fire time the fire was recorded.
+            let lateness_ms = clock::now_ms().saturating_sub(record.fire_at_ms);
+            metrics::histogram!("tocsin_fire_lateness_seconds", "namespace" => key.namespace.clone())
+                .record(lateness_ms as f64 / 1000.0);
+        }
+        match (&record.callback, fire.phase) {
+            (Callback::Webhook { .. }, FirePhase::InFlight { .. }) => {
+                self.webhook.spawn(ctx.clone(), epoch, key, record)
+            }
+            (Callback::Pull { .. }, FirePhase::Ready { .. }) => self.pull.offer(ctx, key, &record),
+            _ => {
+                tracing::warn!(shard = ctx.shard, %key, phase = ?fire.phase, "dispatch of a timer in an unexpected phase")
+            }
+        }
+    }
+}

@@ -1,0 +1,398 @@
+//! Pull delivery: fired timers wait on a namespace/topic queue until a
+//! consumer reserves them (the beanstalkd / lmstfy model).
+//!
+//! - A `Fire` of a pull timer makes it *ready*; the shard leader offers it
+//!   here.
+//! - A consumer's `Reserve` stream takes ready timers in batches; each batch
+//!   is recorded through Raft (`Reserve` commands, which start an attempt and
+//!   stamp the epoch) before it is sent, up to hundreds per stream message.
+//! - A reservation not acked within its time-to-run goes back to ready, for
+//!   this or another consumer. `Ack` records the delivery; `Nack` schedules
+//!   a retry after a delay.
+//!
+//! Queues are per node and hold only shards this node leads; a leader change
+//! makes the new leader re-offer what was ready or reserved (at-least-once).
+
+use std::collections::HashMap;
+use std::collections::HashSet;
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tocsin_core::Callback;
+use tocsin_core::Command;
+use tocsin_core::CommandResult;
+use tocsin_core::TimerKey;
+use tocsin_core::TimerRecord;
+use tocsin_core::command::AttemptOutcome;
+use tocsin_core::command::SkipReason;
+use tocsin_proto::v1 as pb;
+use tokio::sync::Notify;
+use tokio::sync::mpsc;
+
+use crate::clock;
+use crate::config::DeliveryConfig;
+use crate::json;
+use crate::shard::ShardCtx;
+
+/// A ready timer, as the queue holds it.
+#[derive(Clone)]
+struct Item {
+    shard: Arc<ShardCtx>,
+    key: TimerKey,
+    fire_index: u64,
+    attempt: u32,
+}
+
+struct Reservation {
+    item: Item,
+    topic: Arc<Topic>,
+    until_ms: u64,
+    consumer: u64,
+}
+
+#[derive(Default)]
+struct Topic {
+    state: Mutex<TopicState>,
+    notify: Notify,
+}
+
+#[derive(Default)]
+struct TopicState {
+    ready: VecDeque<Item>,
+    queued: HashSet<TimerKey>,
+}
+
+/// What happened to one ack or nack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AckStatus {
+    Ok,
+    /// The reservation had expired and the timer was (or will be)
+    /// delivered again.
+    Stale,
+    NotFound,
+}
+
+/// Consumer options, with defaults and bounds applied.
+#[derive(Clone, Copy, Debug)]
+pub struct ReserveOptions {
+    pub ttr_ms: u64,
+    pub max_batch: usize,
+    pub max_in_flight: usize,
+}
+
+impl ReserveOptions {
+    pub fn new(ttr_ms: u64, max_batch: u32, max_in_flight: u32) -> ReserveOptions {
+        ReserveOptions {
+            ttr_ms: if ttr_ms == 0 { 30_000 } else { ttr_ms.clamp(100, 24 * 3600 * 1000) },
+            max_batch: if max_batch == 0 { 256 } else { (max_batch as usize).min(1000) },
+            max_in_flight: if max_in_flight == 0 { 10_000 } else { (max_in_flight as usize).min(100_000) },
+        }
+    }
+}
+
+/// Every pull topic's queue on this node.
+pub struct PullHub {
+    config: DeliveryConfig,
+    topics: Mutex<HashMap<(String, String), Arc<Topic>>>,
+    reservations: Mutex<HashMap<TimerKey, Reservation>>,
+    next_consumer: AtomicU64,
+}
+
+impl PullHub {
+    pub fn new(config: DeliveryConfig) -> Arc<PullHub> {
+        let hub = Arc::new(PullHub {
+            config,
+            topics: Mutex::new(HashMap::new()),
+            reservations: Mutex::new(HashMap::new()),
+            next_consumer: AtomicU64::new(1),
+        });
+        tokio::spawn(expire_loop(Arc::downgrade(&hub)));
+        hub
+    }
+
+    fn topic(&self, namespace: &str, topic: &str) -> Arc<Topic> {
+        self.topics.lock().expect("topics lock").entry((namespace.to_string(), topic.to_string())).or_default().clone()
+    }
+
+    /// A ready pull timer from a shard this node leads.
+    pub fn offer(&self, ctx: &Arc<ShardCtx>, key: TimerKey, record: &TimerRecord) {
+        let (Callback::Pull { topic }, Some(fire)) = (&record.callback, &record.fire) else { return };
+        if self.reservations.lock().expect("reservations lock").contains_key(&key) {
+            return;
+        }
+        let topic = self.topic(&key.namespace, topic);
+        {
+            let mut state = topic.state.lock().expect("topic lock");
+            if state.queued.contains(&key) {
+                return;
+            }
+            if state.ready.len() >= self.config.max_ready_per_topic {
+                metrics::counter!("tocsin_pull_overflow_total").increment(1);
+                // It stays ready in the shard's state; the leader offers it again
+                // after its next rescan.
+                ctx.events.mark_overflow();
+                return;
+            }
+            state.queued.insert(key.clone());
+            state.ready.push_back(Item { shard: ctx.clone(), key, fire_index: fire.fire_index, attempt: fire.attempt });
+        }
+        topic.notify.notify_one();
+    }
+
+    /// Starts a consumer: a stream of reserved batches.
+    pub fn reserve(
+        self: &Arc<Self>,
+        namespace: String,
+        topic: String,
+        options: ReserveOptions,
+    ) -> mpsc::Receiver<pb::ReserveResponse> {
+        let (tx, rx) = mpsc::channel(2);
+        let consumer = self.next_consumer.fetch_add(1, Ordering::Relaxed);
+        let hub = self.clone();
+        let topic = self.topic(&namespace, &topic);
+        tokio::spawn(async move {
+            hub.consume(topic, consumer, options, tx).await;
+        });
+        rx
+    }
+
+    async fn consume(
+        &self,
+        topic: Arc<Topic>,
+        consumer: u64,
+        options: ReserveOptions,
+        tx: mpsc::Sender<pb::ReserveResponse>,
+    ) {
+        use futures::StreamExt;
+        // Several batches are recorded through Raft at once, so one consumer is
+        // not limited to one batch per commit round trip.
+        const BATCHES_IN_FLIGHT: usize = 4;
+        let mut in_flight = futures::stream::FuturesUnordered::new();
+        loop {
+            if tx.is_closed() {
+                return;
+            }
+            let mut took = false;
+            if in_flight.len() < BATCHES_IN_FLIGHT {
+                let outstanding = self
+                    .reservations
+                    .lock()
+                    .expect("reservations lock")
+                    .values()
+                    .filter(|r| r.consumer == consumer)
+                    .count();
+                let room = options.max_in_flight.saturating_sub(outstanding).min(options.max_batch);
+                let items = if room == 0 { Vec::new() } else { take(&topic, room) };
+                if !items.is_empty() {
+                    took = true;
+                    in_flight.push(self.reserve_items(&topic, consumer, items, options.ttr_ms));
+                }
+            }
+            if took {
+                continue;
+            }
+            tokio::select! {
+                Some(deliveries) = in_flight.next(), if !in_flight.is_empty() => {
+                    if !deliveries.is_empty() && tx.send(pb::ReserveResponse { deliveries }).await.is_err() {
+                        // The consumer went away; its reservations run out on their own.
+                        return;
+                    }
+                }
+                _ = topic.notify.notified() => {}
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                _ = tx.closed() => return,
+            }
+        }
+    }
+
+    /// Records reservations through Raft — one proposal batch per shard, the
+    /// shards concurrently — and returns what was reserved. Items whose
+    /// reservation could not be recorded (overload, timeout) go back to the
+    /// front of the queue.
+    async fn reserve_items(
+        &self,
+        topic: &Arc<Topic>,
+        consumer: u64,
+        items: Vec<Item>,
+        ttr_ms: u64,
+    ) -> Vec<pb::Delivery> {
+        let mut by_shard: HashMap<u32, Vec<Item>> = HashMap::new();
+        for item in items {
+            by_shard.entry(item.shard.shard).or_default().push(item);
+        }
+        let per_shard = by_shard.into_values().map(|items| async move {
+            let ctx = items[0].shard.clone();
+            let Some(epoch) = ctx.epoch() else { return (items, Vec::new(), epoch_none()) };
+            let until_ms = clock::now_ms() + ttr_ms;
+            let commands = items
+                .iter()
+                .map(|i| Command::Reserve {
+                    key: i.key.clone(),
+                    fire_index: i.fire_index,
+                    expected_attempt: i.attempt,
+                    epoch,
+                    until_ms,
+                })
+                .collect();
+            let results = ctx.proposer.propose_all(commands).await;
+            (items, results, Some((epoch, until_ms)))
+        });
+        let mut out = Vec::new();
+        let mut retry = Vec::new();
+        for (items, results, stamp) in futures::future::join_all(per_shard).await {
+            let Some((epoch, until_ms)) = stamp else { continue };
+            let ctx = items[0].shard.clone();
+            if !ctx.may_dispatch(epoch) {
+                // Deposed (or lease lost) meanwhile: the next leader hands these out.
+                continue;
+            }
+            let mut reservations = self.reservations.lock().expect("reservations lock");
+            for (item, result) in items.into_iter().zip(results) {
+                match result {
+                    Ok((_, CommandResult::Dispatch { record })) => {
+                        let Some(fire) = &record.fire else { continue };
+                        let mut delivery = json::delivery_proto(ctx.shard, &item.key, &record);
+                        delivery.reserved_until_ms = until_ms;
+                        if let Callback::Pull { topic } = &record.callback {
+                            delivery.topic = topic.clone();
+                        }
+                        let item = Item { attempt: fire.attempt, ..item };
+                        reservations
+                            .insert(item.key.clone(), Reservation { item, topic: topic.clone(), until_ms, consumer });
+                        out.push(delivery);
+                    }
+                    // Not ready (backing off), or moved on (acked, dead, purged):
+                    // the fire loop brings it back when it is due again.
+                    Ok(_) => {}
+                    Err(crate::proposer::ProposeError::NotLeader { .. }) => {}
+                    Err(_) => retry.push(item),
+                }
+            }
+        }
+        if !retry.is_empty() {
+            let mut state = topic.state.lock().expect("topic lock");
+            for item in retry.into_iter().rev() {
+                if state.queued.insert(item.key.clone()) {
+                    state.ready.push_front(item);
+                }
+            }
+        }
+        out
+    }
+
+    /// Records acks (`nack_delay_ms` = `None`) or nacks for deliveries of
+    /// shards this node leads.
+    pub async fn settle(
+        &self,
+        ctx: &Arc<ShardCtx>,
+        refs: Vec<(TimerKey, u64, u32)>,
+        nack: Option<(u64, String)>,
+    ) -> Vec<AckStatus> {
+        let now = clock::now_ms();
+        let commands: Vec<Command> = refs
+            .iter()
+            .map(|(key, fire_index, attempt)| Command::AttemptResult {
+                key: key.clone(),
+                fire_index: *fire_index,
+                attempt: *attempt,
+                outcome: match &nack {
+                    None => AttemptOutcome::Delivered,
+                    Some((delay_ms, reason)) => {
+                        AttemptOutcome::Failed { error: reason.clone(), retry_at_ms: now + delay_ms }
+                    }
+                },
+            })
+            .collect();
+        let results = ctx.proposer.propose_all(commands).await;
+        let mut reservations = self.reservations.lock().expect("reservations lock");
+        refs.into_iter()
+            .zip(results)
+            .map(|((key, _, attempt), result)| {
+                let status = match result {
+                    Ok((_, CommandResult::Recorded { .. } | CommandResult::Dead { .. })) => AckStatus::Ok,
+                    Ok((_, CommandResult::Skipped { reason: SkipReason::NotFound })) => AckStatus::NotFound,
+                    Ok(_) => AckStatus::Stale,
+                    Err(_) => AckStatus::Stale,
+                };
+                if status == AckStatus::Ok && reservations.get(&key).is_some_and(|r| r.item.attempt == attempt) {
+                    reservations.remove(&key);
+                }
+                status
+            })
+            .collect()
+    }
+
+    /// Drops whatever this node queued or reserved for `shard`, after it
+    /// stopped leading it.
+    pub fn forget_shard(&self, shard: u32) {
+        for topic in self.topics.lock().expect("topics lock").values() {
+            let mut state = topic.state.lock().expect("topic lock");
+            let TopicState { ready, queued } = &mut *state;
+            ready.retain(|i| {
+                let keep = i.shard.shard != shard;
+                if !keep {
+                    queued.remove(&i.key);
+                }
+                keep
+            });
+        }
+        self.reservations.lock().expect("reservations lock").retain(|_, r| r.item.shard.shard != shard);
+    }
+
+    /// Ready (not reserved) timers per topic, for metrics and status.
+    pub fn ready_counts(&self) -> Vec<(String, String, usize)> {
+        self.topics
+            .lock()
+            .expect("topics lock")
+            .iter()
+            .map(|((ns, t), topic)| (ns.clone(), t.clone(), topic.state.lock().expect("topic lock").ready.len()))
+            .collect()
+    }
+}
+
+fn take(topic: &Topic, n: usize) -> Vec<Item> {
+    let mut state = topic.state.lock().expect("topic lock");
+    let mut out = Vec::with_capacity(n.min(state.ready.len()));
+    while out.len() < n {
+        let Some(item) = state.ready.pop_front() else { break };
+        state.queued.remove(&item.key);
+        out.push(item);
+    }
+    out
+}
+
+fn epoch_none() -> Option<(u64, u64)> {
+    None
+}
+
+/// Returns reservations whose time-to-run ran out to the ready queues.
+async fn expire_loop(hub: std::sync::Weak<PullHub>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let Some(hub) = hub.upgrade() else { return };
+        let now = clock::now_ms();
+        let expired: Vec<Reservation> = {
+            let mut reservations = hub.reservations.lock().expect("reservations lock");
+            let keys: Vec<TimerKey> =
+                reservations.iter().filter(|(_, r)| r.until_ms <= now).map(|(k, _)| k.clone()).collect();
+            keys.into_iter().filter_map(|k| reservations.remove(&k)).collect()
+        };
+        for r in expired {
+            if r.item.shard.epoch().is_none() {
+                continue;
+            }
+            metrics::counter!("tocsin_pull_redeliveries_total").increment(1);
+            {
+                let mut state = r.topic.state.lock().expect("topic lock");
+                if state.queued.insert(r.item.key.clone()) {
+                    state.ready.push_back(r.item);
+                }
+            }
+            r.topic.notify.notify_one();
+        }
+    }
+}

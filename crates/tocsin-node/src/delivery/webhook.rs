@@ -1,0 +1,274 @@
+//! Webhook delivery: an HTTP POST of the JSON [`Delivery`] body per attempt.
+//!
+//! - Headers follow Standard Webhooks: `webhook-id` (the `fire_id`, stable
+//!   across retries), `webhook-timestamp`, and `webhook-signature` when the
+//!   namespace has a secret.
+//! - Any 2xx is delivered. 410 gives up. 429 and 503 retry no sooner than
+//!   `Retry-After`. 409 whose body mentions a stale epoch means a receiver
+//!   saw a newer leader's token: this node re-checks its leadership and stops
+//!   dispatching for the shard if it lost it. Anything else (and timeouts)
+//!   retries with the timer's backoff. Redirects are not followed.
+//! - Requests to one endpoint (scheme, host, port) are bounded by a
+//!   semaphore and a queue limit; every delivery is its own task, so a slow
+//!   endpoint only delays its own deliveries.
+//!
+//! [`Delivery`]: crate::json::DeliveryJson
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tocsin_core::Command;
+use tocsin_core::TimerKey;
+use tocsin_core::TimerRecord;
+use tocsin_core::command::AttemptOutcome;
+use tokio::sync::Semaphore;
+
+use crate::clock;
+use crate::config::DeliveryConfig;
+use crate::delivery::signing;
+use crate::json::DeliveryJson;
+use crate::shard::ShardCtx;
+
+/// How an attempt ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    Delivered,
+    /// Retry, not before `retry_after_ms` if the endpoint said so.
+    Retry {
+        error: String,
+        retry_after_ms: Option<u64>,
+    },
+    GiveUp {
+        error: String,
+    },
+    /// The receiver rejected our epoch as stale.
+    Fenced,
+}
+
+struct Endpoint {
+    permits: Arc<Semaphore>,
+    queued: AtomicUsize,
+}
+
+/// Sends webhook deliveries for every shard this node leads.
+pub struct WebhookSender {
+    client: reqwest::Client,
+    config: DeliveryConfig,
+    endpoints: Mutex<HashMap<String, Arc<Endpoint>>>,
+    global: Arc<Semaphore>,
+    secrets: HashMap<String, Vec<u8>>,
+}
+
+impl WebhookSender {
+    pub fn new(config: DeliveryConfig, secrets: HashMap<String, Vec<u8>>) -> Result<WebhookSender, reqwest::Error> {
+        let client = reqwest::Client::builder()
+            .timeout(Duration::from_millis(config.webhook_timeout_ms))
+            .connect_timeout(Duration::from_millis(config.webhook_timeout_ms.min(5_000)))
+            .pool_max_idle_per_host(config.per_endpoint_concurrency)
+            .redirect(reqwest::redirect::Policy::none())
+            .tcp_nodelay(true)
+            .user_agent(concat!("tocsin/", env!("CARGO_PKG_VERSION")))
+            .build()?;
+        Ok(WebhookSender {
+            client,
+            global: Arc::new(Semaphore::new(config.max_in_flight)),
+            config,
+            endpoints: Mutex::new(HashMap::new()),
+            secrets,
+        })
+    }
+
+    fn endpoint(&self, url: &str) -> Arc<Endpoint> {
+        let origin = origin_of(url);
+        let mut endpoints = self.endpoints.lock().expect("endpoints lock");
+        endpoints
+            .entry(origin)
+            .or_insert_with(|| {
+                Arc::new(Endpoint {
+                    permits: Arc::new(Semaphore::new(self.config.per_endpoint_concurrency)),
+                    queued: AtomicUsize::new(0),
+                })
+            })
+            .clone()
+    }
+
+    /// Delivers one attempt in its own task and records the outcome.
+    pub fn spawn(self: &Arc<Self>, ctx: Arc<ShardCtx>, epoch: u64, key: TimerKey, record: TimerRecord) {
+        let this = self.clone();
+        tokio::spawn(async move {
+            let Some(fire) = record.fire.clone() else { return };
+            let outcome = this.attempt(&ctx, epoch, &key, &record).await;
+            let Some(outcome) = outcome else { return };
+            let now = clock::now_ms();
+            let class = match &outcome {
+                Outcome::Delivered => {
+                    metrics::histogram!("tocsin_delivery_latency_seconds", "namespace" => key.namespace.clone())
+                        .record(now.saturating_sub(record.fire_at_ms) as f64 / 1000.0);
+                    AttemptOutcome::Delivered
+                }
+                Outcome::GiveUp { error } => AttemptOutcome::GiveUp { error: error.clone() },
+                Outcome::Retry { error, retry_after_ms } => {
+                    let backoff = tocsin_core::backoff::backoff_ms(&record.retry, fire.attempt, rand::random::<f64>());
+                    let delay = backoff.max(retry_after_ms.unwrap_or(0));
+                    AttemptOutcome::Failed { error: error.clone(), retry_at_ms: now + delay }
+                }
+                Outcome::Fenced => {
+                    if ctx.confirm_leadership().await {
+                        AttemptOutcome::Failed {
+                            error: "receiver rejected a current epoch as stale".into(),
+                            retry_at_ms: now
+                                + tocsin_core::backoff::backoff_ms(&record.retry, fire.attempt, rand::random::<f64>()),
+                        }
+                    } else {
+                        tracing::warn!(
+                            shard = ctx.shard,
+                            epoch,
+                            "fenced by a receiver and no longer leader; stopping dispatch"
+                        );
+                        return;
+                    }
+                }
+            };
+            let command =
+                Command::AttemptResult { key, fire_index: fire.fire_index, attempt: fire.attempt, outcome: class };
+            if let Err(e) = ctx.proposer.propose(command).await {
+                // The next leader redelivers: at-least-once.
+                tracing::debug!(shard = ctx.shard, error = %e, "could not record a webhook outcome");
+            }
+        });
+    }
+
+    /// Sends one attempt, or `None` if this node may no longer deliver for the
+    /// shard (the next leader takes over).
+    async fn attempt(&self, ctx: &ShardCtx, epoch: u64, key: &TimerKey, record: &TimerRecord) -> Option<Outcome> {
+        let tocsin_core::Callback::Webhook { url } = &record.callback else { return None };
+        let endpoint = self.endpoint(url);
+        if endpoint.queued.fetch_add(1, Ordering::SeqCst) >= self.config.per_endpoint_queue {
+            endpoint.queued.fetch_sub(1, Ordering::SeqCst);
+            metrics::counter!("tocsin_webhook_responses_total", "class" => "queue_full").increment(1);
+            return Some(Outcome::Retry { error: "endpoint queue full".into(), retry_after_ms: None });
+        }
+        let permit = endpoint.permits.clone().acquire_owned().await;
+        endpoint.queued.fetch_sub(1, Ordering::SeqCst);
+        let _permit = permit.ok()?;
+        let _global = self.global.clone().acquire_owned().await.ok()?;
+
+        // The lease gate, right before the send: a leader that lost its quorum
+        // holds back until the lease returns or someone else leads.
+        let gate_deadline =
+            tokio::time::Instant::now() + Duration::from_millis(ctx.config.raft.election_timeout_max_ms * 4);
+        while !ctx.may_dispatch(epoch) {
+            if ctx.epoch() != Some(epoch) || tokio::time::Instant::now() > gate_deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+
+        let body = DeliveryJson::from_record(ctx.shard, key, record);
+        let body = serde_json::to_vec(&body).expect("delivery serializes");
+        let fire_id = body_fire_id(ctx.shard, record);
+        let timestamp_s = clock::now_ms() / 1000;
+        let mut request = self
+            .client
+            .post(url)
+            .header("content-type", "application/json")
+            .header("webhook-id", &fire_id)
+            .header("webhook-timestamp", timestamp_s.to_string());
+        if let Some(secret) = self.secrets.get(&key.namespace) {
+            request = request.header("webhook-signature", signing::sign(secret, &fire_id, timestamp_s, &body));
+        }
+        let started = std::time::Instant::now();
+        let response = request.body(body).send().await;
+        metrics::histogram!("tocsin_webhook_request_seconds").record(started.elapsed().as_secs_f64());
+        let outcome = match response {
+            Ok(resp) => classify(resp).await,
+            Err(e) => {
+                let class = if e.is_timeout() { "timeout" } else { "error" };
+                metrics::counter!("tocsin_webhook_responses_total", "class" => class).increment(1);
+                Outcome::Retry { error: short_error(&e), retry_after_ms: None }
+            }
+        };
+        Some(outcome)
+    }
+}
+
+fn body_fire_id(shard: u32, record: &TimerRecord) -> String {
+    record.fire.as_ref().map(|f| tocsin_core::timer::fire_id(shard, f.fire_index)).unwrap_or_default()
+}
+
+async fn classify(resp: reqwest::Response) -> Outcome {
+    let status = resp.status();
+    let class = match status.as_u16() {
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    };
+    metrics::counter!("tocsin_webhook_responses_total", "class" => class).increment(1);
+    if status.is_success() {
+        return Outcome::Delivered;
+    }
+    let retry_after_ms = resp.headers().get("retry-after").and_then(|v| v.to_str().ok()).and_then(parse_retry_after);
+    match status.as_u16() {
+        410 => Outcome::GiveUp { error: "http 410 gone".into() },
+        409 => {
+            let text = resp.text().await.unwrap_or_default().to_ascii_lowercase();
+            if text.contains("stale") || text.contains("fenced") {
+                Outcome::Fenced
+            } else {
+                Outcome::Retry { error: "http 409".into(), retry_after_ms: None }
+            }
+        }
+        429 | 503 => Outcome::Retry { error: format!("http {}", status.as_u16()), retry_after_ms },
+        code => Outcome::Retry { error: format!("http {code}"), retry_after_ms: None },
+    }
+}
+
+/// `Retry-After` as delay-seconds (HTTP dates are rare from webhook
+/// receivers and are treated as absent).
+fn parse_retry_after(value: &str) -> Option<u64> {
+    value.trim().parse::<u64>().ok().map(|s| s.min(86_400) * 1000)
+}
+
+fn short_error(e: &reqwest::Error) -> String {
+    let mut msg = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        msg = format!("{msg}: {s}");
+        source = s.source();
+    }
+    msg.chars().take(200).collect()
+}
+
+/// `scheme://host:port` of a URL: the unit of per-endpoint limits.
+fn origin_of(url: &str) -> String {
+    match url.find("://") {
+        Some(i) => {
+            let rest = &url[i + 3..];
+            let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+            format!("{}://{}", &url[..i], &rest[..end])
+        }
+        None => url.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn origins() {
+        assert_eq!(origin_of("http://127.0.0.1:9000/hook?x=1"), "http://127.0.0.1:9000");
+        assert_eq!(origin_of("https://example.com"), "https://example.com");
+    }
+
+    #[test]
+    fn retry_after() {
+        assert_eq!(parse_retry_after("3"), Some(3000));
+        assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
+    }
+}

@@ -1,0 +1,74 @@
+//! One-hop forwarding: any node accepts any request and, when it does not
+//! lead the shard, passes the request to the leader it knows of.
+//!
+//! A forwarded request carries [`FORWARDED`], and is never forwarded again:
+//! if the receiver is not the leader either (leadership moved meanwhile) it
+//! answers UNAVAILABLE with its own hint, and the client retries. The
+//! shard-aware client sends to leaders directly and rarely pays this hop.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tocsin_proto::v1::timer_service_client::TimerServiceClient;
+use tonic::transport::Channel;
+use tonic::transport::Endpoint;
+
+/// Set on a request one node forwards to another.
+pub const FORWARDED: &str = "x-tocsin-forwarded";
+/// Set on a `Reserve` stream that should serve only this node's shards (the
+/// shard-aware client opens one per node itself).
+pub const LOCAL_ONLY: &str = "x-tocsin-local";
+/// Set on `ListTimers` / `GetHorizon` to ask about one shard only.
+pub const SHARD: &str = "x-tocsin-shard";
+
+/// gRPC channels to other nodes' public API, by address.
+pub struct Forwarder {
+    channels: Mutex<HashMap<String, Channel>>,
+    timeout: Duration,
+}
+
+impl Forwarder {
+    pub fn new(timeout: Duration) -> Forwarder {
+        Forwarder { channels: Mutex::new(HashMap::new()), timeout }
+    }
+
+    pub fn client(&self, addr: &str) -> Option<TimerServiceClient<Channel>> {
+        let mut channels = self.channels.lock().expect("channels lock");
+        if let Some(c) = channels.get(addr) {
+            return Some(TimerServiceClient::new(c.clone()).max_decoding_message_size(64 << 20));
+        }
+        let channel = Endpoint::from_shared(format!("http://{addr}"))
+            .ok()?
+            .connect_timeout(Duration::from_secs(1))
+            .timeout(self.timeout)
+            .tcp_nodelay(true)
+            .connect_lazy();
+        channels.insert(addr.to_string(), channel.clone());
+        Some(TimerServiceClient::new(channel).max_decoding_message_size(64 << 20))
+    }
+
+    /// A request marked as forwarded (and, optionally, for one shard).
+    pub fn request<T>(&self, message: T, shard: Option<u32>) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(self.timeout);
+        request.metadata_mut().insert(FORWARDED, "1".parse().expect("ascii"));
+        if let Some(shard) = shard {
+            request.metadata_mut().insert(SHARD, shard.to_string().parse().expect("ascii"));
+        }
+        request
+    }
+}
+
+pub fn is_forwarded<T>(request: &tonic::Request<T>) -> bool {
+    request.metadata().contains_key(FORWARDED)
+}
+
+pub fn is_local_only<T>(request: &tonic::Request<T>) -> bool {
+    request.metadata().contains_key(LOCAL_ONLY)
+}
+
+/// The single shard a request is restricted to, if any.
+pub fn only_shard<T>(request: &tonic::Request<T>) -> Option<u32> {
+    request.metadata().get(SHARD)?.to_str().ok()?.parse().ok()
+}

@@ -1,0 +1,43 @@
+//! The Tocsin server.
+//!
+//! A node hosts one Raft group per shard it replicates, all in one RocksDB
+//! (`tocsin-store`). For each shard it leads, a fire loop ([`leader`]) keeps
+//! the timers due within the hot window in a timing wheel (`tocsin-wheel`),
+//! records each fire through Raft, and hands it to delivery ([`delivery`]):
+//! webhooks or pull topics. Clients use gRPC or the HTTP/JSON mirror
+//! ([`api`]).
+//!
+//! Code map:
+//! - [`node`]: start-up, shutdown, what is shared;
+//! - [`config`]: the TOML config and its environment overrides;
+//! - [`raft`]: openraft config, the shared gRPC transport;
+//! - [`shard`]: one hosted shard and whether this node may fire for it;
+//! - [`proposer`]: batching commands into Raft entries;
+//! - [`events`]: how applied changes reach the fire loop;
+//! - [`leader`]: epoch, rebuild, loader, wheel, fire batches, purge;
+//! - [`delivery`]: webhooks (signing, per-endpoint limits) and pull topics;
+//! - [`api`]: gRPC services and the HTTP mirror;
+//! - [`forward`]: one-hop forwarding to shard leaders;
+//! - [`balance`]: spreading leaderships, handing them over on shutdown;
+//! - [`admission`]: rate and disk limits;
+//! - [`json`]: JSON forms of API messages and deliveries;
+//! - [`clock`]: the only wall-clock reads.
+
+pub mod admission;
+pub mod api;
+pub mod balance;
+pub mod clock;
+pub mod config;
+pub mod delivery;
+pub mod events;
+pub mod forward;
+pub mod json;
+pub mod leader;
+pub mod node;
+pub mod proposer;
+pub mod raft;
+pub mod shard;
+
+pub use config::NodeConfig;
+pub use node::Node;
+pub use node::NodeState;

@@ -1,0 +1,406 @@
+//! A running node: the store, one Raft group per hosted shard, the fire
+//! loops, delivery, and the gRPC and HTTP servers.
+//!
+//! Start-up order matters: listeners are bound first (so an `:0` port is
+//! known before it is written into Raft membership), then every hosted
+//! shard's group is opened from the store (restart recovery: openraft
+//! replays nothing already applied, the state machine is durable), then the
+//! initial membership is written if the cluster is new, and finally the
+//! servers start.
+
+use axum::serve::ListenerExt as _;
+use openraft::async_runtime::WatchReceiver as _;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use metrics_exporter_prometheus::PrometheusHandle;
+use tocsin_core::ShardId;
+use tocsin_proto::v1 as pb;
+use tocsin_store::LogStore;
+use tocsin_store::NodeAddr;
+use tocsin_store::Raft;
+use tocsin_store::StateMachine;
+use tocsin_store::Store;
+use tocsin_store::StoreConfig;
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::admission::Admission;
+use crate::api::admin::AdminApi;
+use crate::api::error::ApiError;
+use crate::api::timers::TimerApi;
+use crate::config::NodeConfig;
+use crate::delivery::Dispatcher;
+use crate::delivery::pull::PullHub;
+use crate::delivery::signing;
+use crate::delivery::webhook::WebhookSender;
+use crate::events::EventSink;
+use crate::forward::Forwarder;
+use crate::leader;
+use crate::proposer::Proposer;
+use crate::raft::Groups;
+use crate::raft::NetworkFactory;
+use crate::raft::Router;
+use crate::raft::TransportService;
+use crate::raft::openraft_config;
+use crate::shard::ShardCtx;
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("binding {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("opening the store at {path}: {source}")]
+    Store { path: String, source: std::io::Error },
+    #[error("starting raft group {group}: {message}")]
+    Raft { group: u64, message: String },
+    #[error("{0}")]
+    Config(#[from] crate::config::ConfigError),
+    #[error("building the webhook client: {0}")]
+    Webhook(String),
+}
+
+/// What every API handler and background task shares.
+pub struct NodeState {
+    pub config: Arc<NodeConfig>,
+    pub node_id: u64,
+    pub self_addr: NodeAddr,
+    pub store: Arc<Store>,
+    /// Hosted shards, indexed by shard id.
+    pub shards: Vec<Option<Arc<ShardCtx>>>,
+    pub groups: Groups,
+    pub dispatcher: Arc<Dispatcher>,
+    pub admission: Arc<Admission>,
+    pub metrics: Option<PrometheusHandle>,
+    pub forwarder: Arc<Forwarder>,
+    shutting_down: AtomicBool,
+}
+
+impl NodeState {
+    pub fn shutting_down(&self) -> bool {
+        self.shutting_down.load(Ordering::SeqCst)
+    }
+
+    /// Every other node named in a hosted group's membership, by id.
+    pub fn peers(&self) -> BTreeMap<u64, NodeAddr> {
+        let mut peers = BTreeMap::new();
+        for ctx in self.shards.iter().flatten() {
+            let m = ctx.raft.metrics().borrow_watched().clone();
+            for (id, addr) in m.membership_config.membership().nodes() {
+                if *id != self.node_id {
+                    peers.insert(*id, addr.clone());
+                }
+            }
+        }
+        peers
+    }
+
+    /// The gRPC addresses of every other node.
+    pub fn peer_grpc_addrs(&self) -> Vec<String> {
+        self.peers().into_values().map(|a| a.grpc_addr).filter(|a| !a.is_empty()).collect()
+    }
+
+    /// The hosted shard `shard`, or UNAVAILABLE.
+    pub fn shard(&self, shard: ShardId) -> Result<Arc<ShardCtx>, ApiError> {
+        self.shards.get(shard as usize).cloned().flatten().ok_or_else(|| ApiError::Unavailable {
+            message: format!("shard {shard} is not hosted on node {}", self.node_id),
+            leader: None,
+            retry_after_ms: 100,
+        })
+    }
+
+    /// Updates the per-shard gauges from Raft metrics and the shard meta.
+    pub fn refresh_gauges(&self) {
+        for ctx in self.shards.iter().flatten() {
+            let shard = ctx.shard.to_string();
+            let m = ctx.raft.metrics().borrow_watched().clone();
+            metrics::gauge!("tocsin_raft_applied_index", "shard" => shard.clone())
+                .set(m.last_applied.map_or(0, |l| l.index) as f64);
+            metrics::gauge!("tocsin_raft_committed_index", "shard" => shard.clone())
+                .set(m.local_committed.map_or(0, |l| l.index) as f64);
+            metrics::gauge!("tocsin_raft_term", "shard" => shard.clone()).set(m.current_term as f64);
+            metrics::gauge!("tocsin_raft_is_leader", "shard" => shard.clone()).set(if ctx.epoch().is_some() {
+                1.0
+            } else {
+                0.0
+            });
+            if let Ok(meta) = ctx.store.shard_meta(ctx.group) {
+                metrics::gauge!("tocsin_pending_timers", "shard" => shard.clone()).set(meta.scheduled as f64);
+                metrics::gauge!("tocsin_firing_timers", "shard" => shard.clone()).set(meta.firing as f64);
+                metrics::gauge!("tocsin_epoch", "shard" => shard).set(meta.epoch as f64);
+            }
+        }
+        for (name, value) in self.store.memory_usage() {
+            metrics::gauge!(name).set(value as f64);
+        }
+        for (ns, topic, n) in self.dispatcher.pull.ready_counts() {
+            metrics::gauge!("tocsin_pull_ready", "namespace" => ns, "topic" => topic).set(n as f64);
+        }
+    }
+}
+
+/// A running node.
+pub struct Node {
+    pub state: Arc<NodeState>,
+    pub grpc_addr: SocketAddr,
+    pub http_addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    servers: Vec<JoinHandle<()>>,
+    supervisors: Vec<JoinHandle<()>>,
+}
+
+impl Node {
+    /// Opens the store, starts every hosted shard's group and serves.
+    pub async fn start(config: NodeConfig, metrics: Option<PrometheusHandle>) -> Result<Node, StartError> {
+        config.validate()?;
+        let grpc_listener = TcpListener::bind(&config.grpc_listen)
+            .await
+            .map_err(|source| StartError::Bind { addr: config.grpc_listen.clone(), source })?;
+        let http_listener = TcpListener::bind(&config.http_listen)
+            .await
+            .map_err(|source| StartError::Bind { addr: config.http_listen.clone(), source })?;
+        let grpc_addr = grpc_listener
+            .local_addr()
+            .map_err(|source| StartError::Bind { addr: config.grpc_listen.clone(), source })?;
+        let http_addr = http_listener
+            .local_addr()
+            .map_err(|source| StartError::Bind { addr: config.http_listen.clone(), source })?;
+        let mut config = config;
+        if config.grpc_advertise.is_none() {
+            config.grpc_advertise = Some(grpc_addr.to_string());
+        }
+        if config.http_advertise.is_none() {
+            config.http_advertise = Some(http_addr.to_string());
+        }
+        let config = Arc::new(config);
+        let node_id = config.node_id;
+        let self_addr = NodeAddr { grpc_addr: config.grpc_advertise(), http_addr: config.http_advertise() };
+
+        let store = Store::open(&StoreConfig::new(&config.data_dir))
+            .map_err(|source| StartError::Store { path: config.data_dir.display().to_string(), source })?;
+
+        let secrets = config
+            .namespaces
+            .iter()
+            .filter_map(|(ns, c)| c.webhook_secret.as_ref().map(|s| (ns.clone(), signing::secret_bytes(s))))
+            .collect();
+        let webhook =
+            WebhookSender::new(config.delivery.clone(), secrets).map_err(|e| StartError::Webhook(e.to_string()))?;
+        let dispatcher =
+            Arc::new(Dispatcher { webhook: Arc::new(webhook), pull: PullHub::new(config.delivery.clone()) });
+        let admission = Admission::start(config.admission.clone(), config.data_dir.clone());
+
+        // Placement: each shard's replicas by the token ring over the initial
+        // members (all of them when there are no more members than replicas).
+        let members = config.initial_members()?;
+        let ring = tocsin_core::routing::Ring::new(members.iter().map(|m| m.0));
+        let rf = config.replication_factor.min(members.len());
+        let raft_config = openraft_config(&config.raft);
+        let router = Router::new(node_id, Duration::from_millis(config.raft.rpc_timeout_ms));
+        for (id, grpc, _) in &members {
+            if *id != node_id {
+                router.set_addr(*id, grpc);
+            }
+        }
+        let groups = Groups::default();
+        let mut shards: Vec<Option<Arc<ShardCtx>>> = vec![None; config.num_shards as usize];
+        let mut to_initialize = Vec::new();
+        for shard in 0..config.num_shards {
+            let replicas = ring.replicas(shard, rf);
+            if !replicas.contains(&node_id) {
+                continue;
+            }
+            let group = u64::from(shard);
+            let log = LogStore::new(store.clone(), group);
+            let sm = StateMachine::open(store.clone(), group)
+                .await
+                .map_err(|e| StartError::Raft { group, message: e.to_string() })?;
+            let network = NetworkFactory::new(router.clone(), group);
+            let raft = Raft::new(node_id, raft_config.clone(), network, log, sm)
+                .await
+                .map_err(|e| StartError::Raft { group, message: e.to_string() })?;
+            groups.insert(group, raft.clone());
+            let events = Arc::new(EventSink::default());
+            let proposer = Proposer::start(
+                raft.clone(),
+                node_id,
+                events.clone(),
+                config.admission.proposal_queue,
+                Duration::from_millis(config.admission.request_timeout_ms),
+            );
+            let ctx =
+                Arc::new(ShardCtx::new(shard, node_id, raft.clone(), proposer, events, store.clone(), config.clone()));
+            shards[shard as usize] = Some(ctx);
+            // The lowest-id replica writes the shard's first membership.
+            if replicas.iter().min() == Some(&node_id) {
+                let voters: std::collections::BTreeMap<u64, NodeAddr> = members
+                    .iter()
+                    .filter(|m| replicas.contains(&m.0))
+                    .map(|(id, grpc, http)| {
+                        let addr = if *id == node_id {
+                            self_addr.clone()
+                        } else {
+                            NodeAddr { grpc_addr: grpc.clone(), http_addr: http.clone() }
+                        };
+                        (*id, addr)
+                    })
+                    .collect();
+                to_initialize.push((raft, voters));
+            }
+        }
+
+        let state = Arc::new(NodeState {
+            config: config.clone(),
+            node_id,
+            self_addr: self_addr.clone(),
+            store: store.clone(),
+            shards,
+            groups: groups.clone(),
+            dispatcher: dispatcher.clone(),
+            admission,
+            metrics,
+            forwarder: Arc::new(Forwarder::new(Duration::from_millis(config.admission.request_timeout_ms))),
+            shutting_down: AtomicBool::new(false),
+        });
+
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let servers = vec![
+            tokio::spawn(serve_grpc(state.clone(), grpc_listener, store.path().join("spool"), shutdown_rx.clone())),
+            tokio::spawn(serve_http(state.clone(), http_listener, shutdown_rx)),
+        ];
+
+        for (raft, voters) in to_initialize {
+            if !raft.is_initialized().await.unwrap_or(true)
+                && let Err(e) = raft.initialize(voters).await
+            {
+                tracing::warn!(error = %e, "initializing a group failed (already initialized elsewhere?)");
+            }
+        }
+
+        let supervisors = state
+            .shards
+            .iter()
+            .flatten()
+            .map(|ctx| {
+                let ctx = ctx.clone();
+                let dispatcher = dispatcher.clone();
+                let pull = dispatcher.pull.clone();
+                let mut leadership = ctx.watch_leadership();
+                let shard = ctx.shard;
+                tokio::spawn(async move {
+                    // Forget pull state of shards we stop leading.
+                    tokio::spawn(async move {
+                        while leadership.changed().await.is_ok() {
+                            if *leadership.borrow() == crate::shard::Leadership::Follower {
+                                pull.forget_shard(shard);
+                            }
+                        }
+                    });
+                    leader::supervise(ctx, dispatcher).await;
+                })
+            })
+            .collect();
+
+        let mut supervisors: Vec<JoinHandle<()>> = supervisors;
+        supervisors.push(tokio::spawn(crate::balance::run(state.clone())));
+        tracing::info!(node_id, %grpc_addr, %http_addr, shards = config.num_shards, data = %config.data_dir.display(), "node started");
+        Ok(Node { state, grpc_addr, http_addr, shutdown, servers, supervisors })
+    }
+
+    /// Waits until every hosted shard has a leader, or the timeout passes.
+    pub async fn wait_ready(&self, timeout: Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.state.shards.iter().flatten().all(|c| c.raft.metrics().borrow_watched().current_leader.is_some()) {
+                return true;
+            }
+            if tokio::time::Instant::now() > deadline {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Hands over its leaderships, stops serving, stops every group, and
+    /// closes the store.
+    pub async fn shutdown(self) {
+        self.state.shutting_down.store(true, Ordering::SeqCst);
+        crate::balance::hand_over_all(&self.state, Duration::from_secs(3)).await;
+        let _ = self.shutdown.send(true);
+        for s in self.supervisors {
+            s.abort();
+        }
+        for (group, raft) in self.state.groups.all() {
+            if let Err(e) = raft.shutdown().await {
+                tracing::warn!(group, error = %e, "raft shutdown");
+            }
+        }
+        for s in self.servers {
+            let _ = tokio::time::timeout(Duration::from_secs(5), s).await;
+        }
+        // Stop compactions and flushes before the process exits: RocksDB's
+        // background threads must not outlive its static state. Everything
+        // acknowledged is already in the synced WAL.
+        let store = self.state.store.clone();
+        let _ = tokio::task::spawn_blocking(move || store.db().cancel_all_background_work(true)).await;
+    }
+}
+
+async fn serve_grpc(
+    state: Arc<NodeState>,
+    listener: TcpListener,
+    spool: std::path::PathBuf,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let max = state.config.admission.max_request_bytes;
+    let timers = pb::timer_service_server::TimerServiceServer::new(TimerApi::new(state.clone()))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(64 << 20);
+    let admin = pb::admin_service_server::AdminServiceServer::new(AdminApi::new(state.clone()));
+    let transport =
+        pb::raft_transport_server::RaftTransportServer::new(TransportService::new(state.groups.clone(), spool))
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20);
+    // Small request/response RPCs must not wait on Nagle's algorithm (40 ms
+    // with a delayed ACK); tonic's own nodelay setting only covers listeners
+    // it binds itself.
+    let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |conn| {
+        conn.inspect(|s| {
+            let _ = s.set_nodelay(true);
+        })
+    });
+    let result = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(timers)
+        .add_service(admin)
+        .add_service(transport)
+        .serve_with_incoming_shutdown(incoming, async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        })
+        .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "grpc server stopped");
+    }
+}
+
+async fn serve_http(state: Arc<NodeState>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+    let app = crate::api::http::router(state);
+    let result = axum::serve(
+        listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        }),
+        app,
+    )
+    .with_graceful_shutdown(async move {
+        let _ = shutdown.wait_for(|s| *s).await;
+    })
+    .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "http server stopped");
+    }
+}

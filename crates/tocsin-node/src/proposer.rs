@@ -1,0 +1,252 @@
+//! Batches a shard's commands into Raft entries.
+//!
+//! Every writer of a shard (API requests, the leader's fire loop, delivery
+//! results) hands its commands to the shard's proposer. The proposer takes
+//! whatever is queued — up to [`MAX_COMMANDS_PER_ENTRY`] commands or
+//! [`MAX_ENTRY_BYTES`] — stamps the leader's wall clock on it, and proposes it
+//! as one entry; while that entry commits, the next batch gathers. A few
+//! entries are kept in flight so the log's group commit stays busy.
+//!
+//! When the entry is applied each caller gets its own command's result, and
+//! the shard's [`EventSink`] hears about every change that moves a timer in
+//! the fire-time index, so the leader's wheel follows.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tocsin_core::Command;
+use tocsin_core::CommandResult;
+use tocsin_core::Proposal;
+use tocsin_store::NodeAddr;
+use tocsin_store::Raft;
+use tokio::sync::Semaphore;
+use tokio::sync::mpsc;
+use tokio::sync::oneshot;
+
+use crate::clock;
+use crate::events::EventSink;
+
+/// Most commands in one entry.
+pub const MAX_COMMANDS_PER_ENTRY: usize = 2_048;
+/// Approximate largest entry, counting payloads.
+pub const MAX_ENTRY_BYTES: usize = 4 << 20;
+/// Entries in flight per shard.
+const MAX_IN_FLIGHT: usize = 2;
+/// A leader that has heard from no quorum for this long refuses new
+/// commands at once instead of queueing them behind a commit that may never
+/// come (openraft keeps a partitioned leader leading): the client moves on
+/// to a node that can reach the real leader.
+pub const QUORUM_LOST_AFTER: Duration = Duration::from_secs(1);
+
+/// Why a command was not applied (or might not have been).
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum ProposeError {
+    /// This node does not lead the shard; `leader` is the current one if known.
+    #[error("not the shard leader")]
+    NotLeader { leader: Option<(u64, NodeAddr)> },
+    /// Leadership changed while the command was in the log: it may or may
+    /// not be applied. Creates and cancels are idempotent, so retrying with
+    /// the same id is safe.
+    #[error("leadership changed; the outcome is unknown")]
+    Discarded { leader: Option<(u64, NodeAddr)> },
+    #[error("the shard's proposal queue is full")]
+    Overloaded,
+    /// This node leads the shard by its own account but has not heard from a
+    /// quorum for [`QUORUM_LOST_AFTER`]: it is probably cut off.
+    #[error("this leader cannot reach a quorum")]
+    NoQuorum,
+    /// The outcome is unknown: the command may still be applied.
+    #[error("raft did not answer in time")]
+    Timeout,
+    #[error("raft failed: {0}")]
+    Fatal(String),
+}
+
+/// The result of one command, with the index of the entry that applied it.
+pub type Applied = Result<(u64, CommandResult), ProposeError>;
+
+struct Pending {
+    command: Command,
+    size: usize,
+    done: oneshot::Sender<Applied>,
+    submitted: std::time::Instant,
+}
+
+/// A handle for submitting a shard's commands.
+#[derive(Clone)]
+pub struct Proposer {
+    tx: mpsc::Sender<Pending>,
+    timeout: Duration,
+    raft: Raft,
+    node_id: u64,
+}
+
+impl Proposer {
+    /// Starts the proposer task for `raft`.
+    pub fn start(raft: Raft, node_id: u64, events: Arc<EventSink>, queue: usize, timeout: Duration) -> Proposer {
+        let (tx, rx) = mpsc::channel(queue.max(1));
+        tokio::spawn(run(raft.clone(), events, rx, timeout));
+        Proposer { tx, timeout, raft, node_id }
+    }
+
+    /// Whether this node leads the shard by its own account but has heard
+    /// from no quorum for [`QUORUM_LOST_AFTER`].
+    pub fn quorum_lost(&self) -> bool {
+        self.check_quorum().is_err()
+    }
+
+    /// Refuses work when this node leads without a quorum (see
+    /// [`QUORUM_LOST_AFTER`]).
+    fn check_quorum(&self) -> Result<(), ProposeError> {
+        use openraft::Instant as _;
+        use openraft::async_runtime::WatchReceiver as _;
+        let rx = self.raft.metrics();
+        let m = rx.borrow_watched();
+        let cut_off = m.current_leader == Some(self.node_id)
+            && m.membership_config.membership().voter_ids().nth(1).is_some()
+            && m.last_quorum_acked.as_ref().is_some_and(|t| t.elapsed() > QUORUM_LOST_AFTER);
+        if cut_off { Err(ProposeError::NoQuorum) } else { Ok(()) }
+    }
+
+    /// Proposes one command and waits until it is applied.
+    pub async fn propose(&self, command: Command) -> Applied {
+        self.check_quorum()?;
+        let rx = self.submit(command)?;
+        self.wait(rx).await
+    }
+
+    /// Proposes several commands (they may land in different entries) and
+    /// waits for all of them.
+    pub async fn propose_all(&self, commands: Vec<Command>) -> Vec<Applied> {
+        if let Err(e) = self.check_quorum() {
+            return commands.iter().map(|_| Err(e.clone())).collect();
+        }
+        let mut receivers = Vec::with_capacity(commands.len());
+        for command in commands {
+            receivers.push(self.submit(command));
+        }
+        let mut out = Vec::with_capacity(receivers.len());
+        for rx in receivers {
+            out.push(match rx {
+                Ok(rx) => self.wait(rx).await,
+                Err(e) => Err(e),
+            });
+        }
+        out
+    }
+
+    fn submit(&self, command: Command) -> Result<oneshot::Receiver<Applied>, ProposeError> {
+        let (done, rx) = oneshot::channel();
+        let size = command_size(&command);
+        self.tx.try_send(Pending { command, size, done, submitted: std::time::Instant::now() }).map_err(
+            |e| match e {
+                mpsc::error::TrySendError::Full(_) => ProposeError::Overloaded,
+                mpsc::error::TrySendError::Closed(_) => ProposeError::Fatal("proposer stopped".into()),
+            },
+        )?;
+        Ok(rx)
+    }
+
+    async fn wait(&self, rx: oneshot::Receiver<Applied>) -> Applied {
+        match tokio::time::timeout(self.timeout, rx).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(ProposeError::Fatal("proposer dropped the request".into())),
+            Err(_) => Err(ProposeError::Timeout),
+        }
+    }
+}
+
+/// A rough size of a command in an entry: payloads dominate.
+fn command_size(command: &Command) -> usize {
+    match command {
+        Command::Create { spec, .. } => {
+            256 + spec.payload.len() + spec.labels.iter().map(|(k, v)| k.len() + v.len()).sum::<usize>()
+        }
+        Command::Purge { keys } => 64 * keys.len(),
+        _ => 160,
+    }
+}
+
+async fn run(raft: Raft, events: Arc<EventSink>, mut rx: mpsc::Receiver<Pending>, timeout: Duration) {
+    let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    while let Some(first) = rx.recv().await {
+        let Ok(permit) = in_flight.clone().acquire_owned().await else { return };
+        let mut bytes = first.size;
+        let mut batch = vec![first];
+        while batch.len() < MAX_COMMANDS_PER_ENTRY && bytes < MAX_ENTRY_BYTES {
+            match rx.try_recv() {
+                Ok(p) => {
+                    bytes += p.size;
+                    batch.push(p);
+                }
+                Err(_) => break,
+            }
+        }
+        let raft = raft.clone();
+        let events = events.clone();
+        // How long the oldest command waited for an entry to carry it.
+        let queued = batch[0].submitted.elapsed();
+        metrics::histogram!("tocsin_propose_queue_seconds").record(queued.as_secs_f64());
+        metrics::histogram!("tocsin_propose_batch_commands").record(batch.len() as f64);
+        tokio::spawn(async move {
+            let (commands, waiters): (Vec<Command>, Vec<oneshot::Sender<Applied>>) =
+                batch.into_iter().map(|p| (p.command, p.done)).unzip();
+            let proposal = Proposal { now_ms: clock::now_ms(), commands };
+            let commands = proposal.commands.clone();
+            let writing = std::time::Instant::now();
+            let result = tokio::time::timeout(timeout, raft.client_write(proposal)).await;
+            // Append, replicate to a quorum, commit and apply.
+            metrics::histogram!("tocsin_raft_write_seconds").record(writing.elapsed().as_secs_f64());
+            drop(permit);
+            match result {
+                Ok(Ok(resp)) => {
+                    let index = resp.log_id.index;
+                    let results = resp.data.results;
+                    if results.len() != waiters.len() {
+                        tracing::error!(
+                            index,
+                            got = results.len(),
+                            want = waiters.len(),
+                            "apply returned the wrong number of results"
+                        );
+                    }
+                    events.observe(&commands, &results);
+                    for (waiter, result) in waiters.into_iter().zip(results) {
+                        let _ = waiter.send(Ok((index, result)));
+                    }
+                }
+                Ok(Err(e)) => {
+                    let err = to_propose_error(e);
+                    for waiter in waiters {
+                        let _ = waiter.send(Err(err.clone()));
+                    }
+                }
+                Err(_) => {
+                    for waiter in waiters {
+                        let _ = waiter.send(Err(ProposeError::Timeout));
+                    }
+                }
+            }
+        });
+    }
+}
+
+fn to_propose_error(
+    e: openraft::error::RaftError<
+        tocsin_store::TypeConfig,
+        openraft::error::ClientWriteError<tocsin_store::TypeConfig>,
+    >,
+) -> ProposeError {
+    use openraft::error::ClientWriteError;
+    use openraft::error::RaftError;
+    match e {
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
+            ProposeError::NotLeader { leader: f.leader_id.zip(f.leader_node) }
+        }
+        RaftError::APIError(ClientWriteError::LogEntryDiscarded(f)) => {
+            ProposeError::Discarded { leader: f.leader_id.zip(f.leader_node) }
+        }
+        RaftError::APIError(other) => ProposeError::Fatal(other.to_string()),
+        RaftError::Fatal(f) => ProposeError::Fatal(f.to_string()),
+    }
+}

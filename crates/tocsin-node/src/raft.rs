@@ -1,0 +1,463 @@
+//! Raft plumbing shared by every group on a node: the openraft config, the
+//! gRPC transport (one connection per peer node, shared by all groups, with
+//! the group id in every message), and the server side of that transport.
+//!
+//! openraft's requests and responses travel opaquely as postcard bytes in
+//! `tocsin.v1.RaftTransport` messages, so the `.proto` does not depend on
+//! openraft's types. Snapshots stream in 1 MiB chunks from the snapshot file
+//! to a temporary file on the receiver.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::RwLock;
+use std::time::Duration;
+
+use openraft::error::NetworkError;
+use openraft::error::RPCError;
+use openraft::error::ReplicationClosed;
+use openraft::error::StreamingError;
+use openraft::error::Unreachable;
+use openraft::network::RPCOption;
+use openraft::raft::AppendEntriesRequest;
+use openraft::raft::AppendEntriesResponse;
+use openraft::raft::SnapshotResponse;
+use openraft::raft::TransferLeaderRequest;
+use openraft::raft::TransferLeaderResponse;
+use openraft::raft::VoteRequest;
+use openraft::raft::VoteResponse;
+use openraft_multi::GroupNetworkAdapter;
+use openraft_multi::GroupRouter;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tocsin_proto::v1 as pb;
+use tocsin_proto::v1::raft_transport_client::RaftTransportClient;
+use tocsin_store::GroupId;
+use tocsin_store::NodeAddr;
+use tocsin_store::Raft;
+use tocsin_store::SnapshotFile;
+use tocsin_store::TypeConfig;
+use tocsin_store::Vote;
+use tonic::transport::Channel;
+use tonic::transport::Endpoint;
+
+use crate::config::RaftTuning;
+
+type C = TypeConfig;
+
+/// Bytes per snapshot chunk.
+const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
+
+/// openraft's config for every group, from the node's tuning.
+pub fn openraft_config(tuning: &RaftTuning) -> Arc<openraft::Config> {
+    let config = openraft::Config {
+        cluster_name: "tocsin".into(),
+        heartbeat_interval: tuning.heartbeat_ms,
+        election_timeout_min: tuning.election_timeout_min_ms,
+        election_timeout_max: tuning.election_timeout_max_ms,
+        // A snapshot chunk stream gets this long per RPC round.
+        install_snapshot_timeout: 10_000,
+        snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(tuning.snapshot_every_entries),
+        max_in_snapshot_log_to_keep: tuning.keep_entries_after_snapshot,
+        // Pre-vote: a node coming back from a partition does not raise the term
+        // and depose a healthy leader.
+        enable_pre_vote: Some(true),
+        ..Default::default()
+    };
+    Arc::new(config.validate().expect("tuning was validated with the node config"))
+}
+
+fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    postcard::to_allocvec(value).expect("openraft messages serialize")
+}
+
+fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
+    postcard::from_bytes(bytes).map_err(|e| format!("decode: {e}"))
+}
+
+/// One gRPC channel per peer, shared by every group's replication.
+#[derive(Clone)]
+pub struct Router {
+    inner: Arc<RouterInner>,
+}
+
+struct RouterInner {
+    node_id: u64,
+    rpc_timeout: Duration,
+    peers: RwLock<HashMap<u64, (String, RaftTransportClient<Channel>)>>,
+}
+
+impl Router {
+    pub fn new(node_id: u64, rpc_timeout: Duration) -> Router {
+        Router { inner: Arc::new(RouterInner { node_id, rpc_timeout, peers: RwLock::new(HashMap::new()) }) }
+    }
+
+    /// Records where `target` listens; a changed address gets a new channel.
+    pub fn set_addr(&self, target: u64, addr: &str) {
+        if self.inner.peers.read().expect("router lock").get(&target).is_some_and(|(a, _)| a == addr) {
+            return;
+        }
+        match Endpoint::from_shared(format!("http://{addr}")) {
+            Ok(endpoint) => {
+                let channel = endpoint
+                    .connect_timeout(self.inner.rpc_timeout)
+                    .tcp_nodelay(true)
+                    .http2_keep_alive_interval(Duration::from_secs(5))
+                    .keep_alive_timeout(Duration::from_secs(5))
+                    .connect_lazy();
+                let client = RaftTransportClient::new(channel)
+                    .max_decoding_message_size(64 << 20)
+                    .max_encoding_message_size(64 << 20);
+                self.inner.peers.write().expect("router lock").insert(target, (addr.to_string(), client));
+            }
+            Err(e) => tracing::warn!(target, addr, error = %e, "bad peer address"),
+        }
+    }
+
+    fn client(&self, target: u64) -> Result<RaftTransportClient<Channel>, Unreachable<C>> {
+        self.inner
+            .peers
+            .read()
+            .expect("router lock")
+            .get(&target)
+            .map(|(_, c)| c.clone())
+            .ok_or_else(|| Unreachable::from_string(format!("no address known for node {target}")))
+    }
+
+    fn deadline(&self, option: &RPCOption) -> Duration {
+        option.hard_ttl().min(self.inner.rpc_timeout)
+    }
+}
+
+/// Maps a transport failure: connection-level problems mean "unreachable,
+/// back off"; anything else is a retryable network error.
+fn status_to_rpc(status: tonic::Status) -> RPCError<C> {
+    match status.code() {
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+            RPCError::Unreachable(Unreachable::from_string(status.message()))
+        }
+        _ => RPCError::Network(NetworkError::from_string(format!("{}: {}", status.code(), status.message()))),
+    }
+}
+
+fn reply_to<T: DeserializeOwned>(reply: pb::RaftReply) -> Result<T, RPCError<C>> {
+    if reply.unknown_group {
+        return Err(RPCError::Unreachable(Unreachable::from_string("group not hosted on target")));
+    }
+    if !reply.error.is_empty() {
+        return Err(RPCError::Unreachable(Unreachable::from_string(reply.error)));
+    }
+    decode(&reply.payload).map_err(|e| RPCError::Network(NetworkError::from_string(e)))
+}
+
+macro_rules! unary_rpc {
+    ($self:ident, $target:ident, $group:ident, $option:ident, $method:ident, $msg:ident, $rpc:expr) => {{
+        let mut client = $self.client($target)?;
+        let request = pb::$msg { group_id: $group, from_node: $self.inner.node_id, payload: encode(&$rpc).into() };
+        let deadline = $self.deadline(&$option);
+        match tokio::time::timeout(deadline, client.$method(request)).await {
+            Ok(Ok(resp)) => reply_to(resp.into_inner()),
+            Ok(Err(status)) => Err(status_to_rpc(status)),
+            Err(_) => Err(RPCError::Unreachable(Unreachable::from_string(format!(
+                "{} to node {} timed out after {deadline:?}",
+                stringify!($method),
+                $target
+            )))),
+        }
+    }};
+}
+
+impl GroupRouter<C, GroupId> for Router {
+    type SnapshotData = SnapshotFile;
+
+    async fn append_entries(
+        &self,
+        target: u64,
+        group_id: GroupId,
+        rpc: AppendEntriesRequest<C>,
+        option: RPCOption,
+    ) -> Result<AppendEntriesResponse<C>, RPCError<C>> {
+        unary_rpc!(self, target, group_id, option, append_entries, AppendEntriesRpc, rpc)
+    }
+
+    async fn vote(
+        &self,
+        target: u64,
+        group_id: GroupId,
+        rpc: VoteRequest<C>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<C>, RPCError<C>> {
+        unary_rpc!(self, target, group_id, option, vote, VoteRpc, rpc)
+    }
+
+    async fn pre_vote(
+        &self,
+        target: u64,
+        group_id: GroupId,
+        rpc: VoteRequest<C>,
+        option: RPCOption,
+    ) -> Result<VoteResponse<C>, RPCError<C>> {
+        unary_rpc!(self, target, group_id, option, pre_vote, PreVoteRpc, rpc)
+    }
+
+    async fn transfer_leader(
+        &self,
+        target: u64,
+        group_id: GroupId,
+        req: TransferLeaderRequest<C>,
+        option: RPCOption,
+    ) -> Result<TransferLeaderResponse<C>, RPCError<C>> {
+        unary_rpc!(self, target, group_id, option, transfer_leader, TransferLeaderRpc, req)
+    }
+
+    async fn full_snapshot(
+        &self,
+        target: u64,
+        group_id: GroupId,
+        vote: Vote,
+        snapshot: openraft::alias::SnapshotOf<C, SnapshotFile>,
+        cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
+        _option: RPCOption,
+    ) -> Result<SnapshotResponse<C>, StreamingError<C>> {
+        let mut client = self.client(target)?;
+        let from_node = self.inner.node_id;
+        let header = encode(&(vote, snapshot.meta.clone()));
+        let file = snapshot.snapshot;
+        let len = file.len();
+        // The reader runs on a blocking thread and feeds a bounded channel.
+        let (tx, rx) = tokio::sync::mpsc::channel::<pb::SnapshotChunk>(4);
+        let reader = tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            let mut offset = 0u64;
+            let mut first = true;
+            loop {
+                let mut buf = vec![0u8; SNAPSHOT_CHUNK_BYTES];
+                let n = file.read_at(offset, &mut buf)?;
+                buf.truncate(n);
+                let done = offset + n as u64 >= len;
+                let chunk = pb::SnapshotChunk {
+                    group_id,
+                    from_node,
+                    header: if first { header.clone().into() } else { Default::default() },
+                    offset,
+                    data: buf.into(),
+                    done,
+                };
+                first = false;
+                offset += n as u64;
+                if tx.blocking_send(chunk).is_err() || done {
+                    return Ok(());
+                }
+                if n == 0 {
+                    return Err(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "snapshot file shrank"));
+                }
+            }
+        });
+        let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let send = client.install_snapshot(stream);
+        let result = tokio::select! {
+            closed = cancel => return Err(StreamingError::Closed(closed)),
+            r = send => r,
+        };
+        match reader.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(StreamingError::Unreachable(Unreachable::new(&e))),
+            Err(e) => return Err(StreamingError::Unreachable(Unreachable::new(&e))),
+        }
+        match result {
+            Ok(resp) => reply_to(resp.into_inner()).map_err(|e| match e {
+                RPCError::Unreachable(u) => StreamingError::Unreachable(u),
+                RPCError::Network(n) => StreamingError::Network(n),
+                other => StreamingError::Network(NetworkError::from_string(other.to_string())),
+            }),
+            Err(status) => Err(StreamingError::Unreachable(Unreachable::from_string(status.message()))),
+        }
+    }
+}
+
+/// openraft's network factory for one group: adapters over the shared
+/// router.
+#[derive(Clone)]
+pub struct NetworkFactory {
+    router: Router,
+    group: GroupId,
+}
+
+impl NetworkFactory {
+    pub fn new(router: Router, group: GroupId) -> NetworkFactory {
+        NetworkFactory { router, group }
+    }
+}
+
+impl openraft::RaftNetworkFactory<C> for NetworkFactory {
+    type Network = GroupNetworkAdapter<C, GroupId, Router>;
+
+    async fn new_client(&mut self, target: u64, node: &NodeAddr) -> Self::Network {
+        self.router.set_addr(target, &node.grpc_addr);
+        GroupNetworkAdapter::new(self.router.clone(), target, self.group)
+    }
+}
+
+/// The groups this node hosts, by id: what the transport server routes to.
+#[derive(Clone, Default)]
+pub struct Groups {
+    inner: Arc<RwLock<HashMap<GroupId, Raft>>>,
+}
+
+impl Groups {
+    pub fn insert(&self, group: GroupId, raft: Raft) {
+        self.inner.write().expect("groups lock").insert(group, raft);
+    }
+
+    pub fn remove(&self, group: GroupId) -> Option<Raft> {
+        self.inner.write().expect("groups lock").remove(&group)
+    }
+
+    pub fn get(&self, group: GroupId) -> Option<Raft> {
+        self.inner.read().expect("groups lock").get(&group).cloned()
+    }
+
+    pub fn all(&self) -> Vec<(GroupId, Raft)> {
+        let mut v: Vec<_> = self.inner.read().expect("groups lock").iter().map(|(g, r)| (*g, r.clone())).collect();
+        v.sort_by_key(|(g, _)| *g);
+        v
+    }
+}
+
+/// The server half of the transport.
+pub struct TransportService {
+    groups: Groups,
+    /// Where incoming snapshot streams are spooled.
+    spool_dir: std::path::PathBuf,
+}
+
+impl TransportService {
+    pub fn new(groups: Groups, spool_dir: std::path::PathBuf) -> TransportService {
+        TransportService { groups, spool_dir }
+    }
+
+    fn group(&self, group_id: GroupId) -> Result<Raft, pb::RaftReply> {
+        self.groups.get(group_id).ok_or_else(|| pb::RaftReply {
+            payload: Default::default(),
+            error: String::new(),
+            unknown_group: true,
+        })
+    }
+}
+
+fn reply<T: Serialize, E: std::fmt::Display>(result: Result<T, E>) -> tonic::Response<pb::RaftReply> {
+    tonic::Response::new(match result {
+        Ok(v) => pb::RaftReply { payload: encode(&v).into(), error: String::new(), unknown_group: false },
+        Err(e) => pb::RaftReply { payload: Default::default(), error: e.to_string(), unknown_group: false },
+    })
+}
+
+fn bad_payload(e: String) -> tonic::Status {
+    tonic::Status::invalid_argument(e)
+}
+
+#[tonic::async_trait]
+impl pb::raft_transport_server::RaftTransport for TransportService {
+    async fn append_entries(
+        &self,
+        request: tonic::Request<pb::AppendEntriesRpc>,
+    ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
+        let req = request.into_inner();
+        let raft = match self.group(req.group_id) {
+            Ok(r) => r,
+            Err(reply) => return Ok(tonic::Response::new(reply)),
+        };
+        let rpc: AppendEntriesRequest<C> = decode(&req.payload).map_err(bad_payload)?;
+        Ok(reply(raft.append_entries(rpc).await))
+    }
+
+    async fn vote(
+        &self,
+        request: tonic::Request<pb::VoteRpc>,
+    ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
+        let req = request.into_inner();
+        let raft = match self.group(req.group_id) {
+            Ok(r) => r,
+            Err(reply) => return Ok(tonic::Response::new(reply)),
+        };
+        let rpc: VoteRequest<C> = decode(&req.payload).map_err(bad_payload)?;
+        Ok(reply(raft.vote(rpc).await))
+    }
+
+    async fn pre_vote(
+        &self,
+        request: tonic::Request<pb::PreVoteRpc>,
+    ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
+        let req = request.into_inner();
+        let raft = match self.group(req.group_id) {
+            Ok(r) => r,
+            Err(reply) => return Ok(tonic::Response::new(reply)),
+        };
+        let rpc: VoteRequest<C> = decode(&req.payload).map_err(bad_payload)?;
+        Ok(reply(raft.pre_vote(rpc).await))
+    }
+
+    async fn transfer_leader(
+        &self,
+        request: tonic::Request<pb::TransferLeaderRpc>,
+    ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
+        let req = request.into_inner();
+        let raft = match self.group(req.group_id) {
+            Ok(r) => r,
+            Err(reply) => return Ok(tonic::Response::new(reply)),
+        };
+        let rpc: TransferLeaderRequest<C> = decode(&req.payload).map_err(bad_payload)?;
+        Ok(reply(raft.handle_transfer_leader(rpc).await))
+    }
+
+    async fn install_snapshot(
+        &self,
+        request: tonic::Request<tonic::Streaming<pb::SnapshotChunk>>,
+    ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
+        use std::io::Write;
+        let mut stream = request.into_inner();
+        let Some(first) = stream.message().await? else {
+            return Err(tonic::Status::invalid_argument("empty snapshot stream"));
+        };
+        let raft = match self.group(first.group_id) {
+            Ok(r) => r,
+            Err(reply) => return Ok(tonic::Response::new(reply)),
+        };
+        let (vote, meta): (Vote, tocsin_store::SnapshotMeta) = decode(&first.header).map_err(bad_payload)?;
+        std::fs::create_dir_all(&self.spool_dir).map_err(|e| tonic::Status::internal(e.to_string()))?;
+        let path = self.spool_dir.join(format!("incoming-{}-{}.snap", first.group_id, crate::clock::now_ms()));
+        let mut file =
+            std::io::BufWriter::new(std::fs::File::create(&path).map_err(|e| tonic::Status::internal(e.to_string()))?);
+        let mut expected = 0u64;
+        let mut chunk = Some(first);
+        let mut done = false;
+        while let Some(c) = chunk.take() {
+            if c.offset != expected {
+                let _ = std::fs::remove_file(&path);
+                return Err(tonic::Status::invalid_argument(format!(
+                    "snapshot chunk at {} but expected {expected}",
+                    c.offset
+                )));
+            }
+            file.write_all(&c.data).map_err(|e| tonic::Status::internal(e.to_string()))?;
+            expected += c.data.len() as u64;
+            if c.done {
+                done = true;
+                break;
+            }
+            chunk = stream.message().await?;
+        }
+        if !done {
+            let _ = std::fs::remove_file(&path);
+            return Err(tonic::Status::aborted("snapshot stream ended early"));
+        }
+        let file = file.into_inner().map_err(|e| tonic::Status::internal(e.to_string()))?;
+        file.sync_all().map_err(|e| tonic::Status::internal(e.to_string()))?;
+        drop(file);
+        let snapshot = SnapshotFile::open(&path).map_err(|e| tonic::Status::internal(e.to_string()))?;
+        let result =
+            raft.install_full_snapshot(vote, openraft::alias::SnapshotOf::<C, SnapshotFile> { meta, snapshot }).await;
+        // The state machine keeps its own copy; the spool file can go.
+        let _ = std::fs::remove_file(&path);
+        Ok(reply(result))
+    }
+}

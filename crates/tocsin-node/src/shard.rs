@@ -1,0 +1,129 @@
+//! One shard as this node hosts it: its Raft group, its proposer, and
+//! whether (and under which epoch) this node leads it.
+//!
+//! Leadership here is stricter than openraft's: a node *leads* a shard for
+//! firing purposes only after its own `LeaderEpoch` entry is applied, and
+//! may *dispatch* only while that is still true and its leader lease holds
+//! ([`ShardCtx::may_dispatch`]). openraft does not step a leader down when it
+//! loses its quorum, so the lease check guards every delivery batch.
+
+use openraft::async_runtime::WatchReceiver as _;
+use std::sync::Arc;
+use std::time::Duration;
+
+use openraft::Instant as _;
+use openraft::ServerState;
+use tocsin_core::ShardId;
+use tocsin_store::GroupId;
+use tocsin_store::NodeAddr;
+use tocsin_store::Raft;
+use tocsin_store::Store;
+use tokio::sync::watch;
+
+use crate::config::NodeConfig;
+use crate::events::EventSink;
+use crate::proposer::Proposer;
+
+/// Whether this node fires for a shard.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Leadership {
+    /// Not leading (or not yet: the epoch entry is not applied).
+    Follower,
+    /// Leading under this fencing epoch.
+    Leading { epoch: u64 },
+}
+
+/// Everything about one hosted shard.
+pub struct ShardCtx {
+    pub shard: ShardId,
+    pub group: GroupId,
+    pub node_id: u64,
+    pub raft: Raft,
+    pub proposer: Proposer,
+    pub events: Arc<EventSink>,
+    pub store: Arc<Store>,
+    pub config: Arc<NodeConfig>,
+    leadership: watch::Sender<Leadership>,
+    /// How long a quorum acknowledgement keeps the lease: openraft's own
+    /// leader lease, the minimum election timeout (no follower elects before
+    /// it runs out).
+    lease: Duration,
+}
+
+impl ShardCtx {
+    pub fn new(
+        shard: ShardId,
+        node_id: u64,
+        raft: Raft,
+        proposer: Proposer,
+        events: Arc<EventSink>,
+        store: Arc<Store>,
+        config: Arc<NodeConfig>,
+    ) -> ShardCtx {
+        let lease = Duration::from_millis(config.raft.election_timeout_min_ms);
+        ShardCtx {
+            shard,
+            group: u64::from(shard),
+            node_id,
+            raft,
+            proposer,
+            events,
+            store,
+            config,
+            leadership: watch::channel(Leadership::Follower).0,
+            lease,
+        }
+    }
+
+    pub fn leadership(&self) -> Leadership {
+        *self.leadership.borrow()
+    }
+
+    pub fn watch_leadership(&self) -> watch::Receiver<Leadership> {
+        self.leadership.subscribe()
+    }
+
+    pub(crate) fn set_leadership(&self, value: Leadership) {
+        self.leadership.send_replace(value);
+    }
+
+    /// The epoch this node fires under, if it leads the shard.
+    pub fn epoch(&self) -> Option<u64> {
+        match self.leadership() {
+            Leadership::Leading { epoch } => Some(epoch),
+            Leadership::Follower => None,
+        }
+    }
+
+    /// Whether a delivery started under `epoch` may be sent now: this node
+    /// still leads with that epoch and holds a valid lease.
+    pub fn may_dispatch(&self, epoch: u64) -> bool {
+        self.epoch() == Some(epoch) && self.lease_valid()
+    }
+
+    /// openraft's view: leader, and a quorum acknowledged it within the
+    /// lease (always true for a one-voter group).
+    pub fn lease_valid(&self) -> bool {
+        let metrics = self.raft.metrics().borrow_watched().clone();
+        if metrics.state != ServerState::Leader || metrics.current_leader != Some(self.node_id) {
+            return false;
+        }
+        if metrics.membership_config.membership().voter_ids().count() <= 1 {
+            return true;
+        }
+        metrics.last_quorum_acked.is_some_and(|acked| acked.elapsed() < self.lease)
+    }
+
+    /// The current leader, as this node knows it.
+    pub fn leader_hint(&self) -> Option<(u64, NodeAddr)> {
+        let metrics = self.raft.metrics().borrow_watched().clone();
+        let leader = metrics.current_leader?;
+        let node = metrics.membership_config.membership().get_node(&leader).cloned()?;
+        Some((leader, node))
+    }
+
+    /// Asks a quorum whether this node still leads (a ReadIndex round).
+    pub async fn confirm_leadership(&self) -> bool {
+        self.raft.ensure_linearizable(openraft::ReadPolicy::ReadIndex).await.is_ok()
+    }
+}
