@@ -1,0 +1,153 @@
+//! `tocsin dev` and `tocsin serve`: run a node until Ctrl-C or SIGTERM.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use tocsin_node::Node;
+use tocsin_node::NodeConfig;
+
+#[derive(clap::Args)]
+pub struct DevArgs {
+    /// Data directory (RocksDB and snapshots).
+    #[arg(long, default_value = "./tocsin-data")]
+    data: PathBuf,
+    #[arg(long, default_value_t = 16)]
+    shards: u32,
+    #[arg(long, default_value = "127.0.0.1:7070")]
+    grpc: String,
+    #[arg(long, default_value = "127.0.0.1:7071")]
+    http: String,
+}
+
+#[derive(clap::Args)]
+pub struct ServeArgs {
+    /// TOML config file; every setting can also come from a TOCSIN_* variable.
+    #[arg(long, short)]
+    config: Option<PathBuf>,
+    /// Overrides `node_id`.
+    #[arg(long)]
+    node_id: Option<u64>,
+    /// Overrides `data_dir`.
+    #[arg(long)]
+    data: Option<PathBuf>,
+    /// Overrides `grpc_listen`.
+    #[arg(long)]
+    grpc: Option<String>,
+    /// Overrides `http_listen`.
+    #[arg(long)]
+    http: Option<String>,
+    /// Overrides `grpc_advertise`.
+    #[arg(long)]
+    advertise_grpc: Option<String>,
+    /// Overrides `http_advertise`.
+    #[arg(long)]
+    advertise_http: Option<String>,
+    /// Overrides `initial_cluster`: `1=host:port/host:port,2=…` (gRPC/HTTP).
+    #[arg(long, value_delimiter = ',')]
+    initial_cluster: Option<Vec<String>>,
+    /// Overrides `num_shards`.
+    #[arg(long)]
+    shards: Option<u32>,
+}
+
+fn init_logging(filter: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
+}
+
+fn install_metrics() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
+    let buckets = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+    metrics_exporter_prometheus::PrometheusBuilder::new().set_buckets(&buckets).ok()?.install_recorder().ok()
+}
+
+async fn run_until_signal(config: NodeConfig, on_ready: impl FnOnce(&Node)) -> anyhow::Result<ExitCode> {
+    let node = Node::start(config, install_metrics()).await.context("starting the node")?;
+    if !node.wait_ready(Duration::from_secs(30)).await {
+        tracing::warn!("not every shard has a leader after 30 s; serving anyway");
+    }
+    on_ready(&node);
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+    tracing::info!("shutting down");
+    node.shutdown().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
+    let config = NodeConfig {
+        data_dir: args.data.clone(),
+        num_shards: args.shards,
+        grpc_listen: args.grpc,
+        http_listen: args.http,
+        replication_factor: 1,
+        ..NodeConfig::default()
+    };
+    init_logging(&config.log);
+    let shards = config.num_shards;
+    let data = args.data.display().to_string();
+    run_until_signal(config, |node| {
+        let http = node.http_addr;
+        println!();
+        println!("Tocsin dev node 1 is running: {shards} shards, data in {data}");
+        println!("  gRPC     {}", node.grpc_addr);
+        println!("  HTTP     http://{http}  (metrics at /metrics, health at /healthz and /readyz)");
+        println!();
+        println!("Receive callbacks (in another terminal):");
+        println!("  tocsin sink --listen 127.0.0.1:9000");
+        println!("Create a timer that fires in 10 seconds:");
+        println!(
+            "  curl -s -XPOST http://{http}/v1/timers -d '{{\"namespace\":\"orders\",\"id\":\"order-42\",\"delay_ms\":10000,\"payload\":\"eyJvcmRlciI6NDJ9\",\"callback\":{{\"webhook\":{{\"url\":\"http://127.0.0.1:9000/hook\"}}}}}}'"
+        );
+        println!("Look at it, or cancel it:");
+        println!("  curl -s http://{http}/v1/timers/orders/order-42");
+        println!("  curl -s -XDELETE http://{http}/v1/timers/orders/order-42");
+        println!();
+        println!("Ctrl-C stops the node; its data stays in {data}.");
+    })
+    .await
+}
+
+pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let mut config = NodeConfig::load(args.config.as_deref(), std::env::vars()).context("loading the config")?;
+    if let Some(v) = args.node_id {
+        config.node_id = v;
+    }
+    if let Some(v) = args.data {
+        config.data_dir = v;
+    }
+    if let Some(v) = args.grpc {
+        config.grpc_listen = v;
+    }
+    if let Some(v) = args.http {
+        config.http_listen = v;
+    }
+    if let Some(v) = args.advertise_grpc {
+        config.grpc_advertise = Some(v);
+    }
+    if let Some(v) = args.advertise_http {
+        config.http_advertise = Some(v);
+    }
+    if let Some(v) = args.initial_cluster {
+        config.initial_cluster = v;
+    }
+    if let Some(v) = args.shards {
+        config.num_shards = v;
+    }
+    config.validate().context("invalid configuration")?;
+    init_logging(&config.log);
+    run_until_signal(config, |node| {
+        println!("ready grpc={} http={}", node.grpc_addr, node.http_addr);
+    })
+    .await
+}

@@ -1,0 +1,246 @@
+//! `tocsin timer …`: one request each, through the shard-aware client.
+//! Output is a short human-readable summary, or the JSON form with `--json`.
+
+use std::process::ExitCode;
+
+use anyhow::Context;
+use tocsin_client::Client;
+use tocsin_client::v1 as pb;
+use tocsin_node::json::TimerJson;
+
+#[derive(clap::Args, Clone)]
+pub struct Conn {
+    /// gRPC address of any node (repeat for several).
+    #[arg(long = "addr", default_value = "127.0.0.1:7070", env = "TOCSIN_ADDR")]
+    addrs: Vec<String>,
+    /// Print JSON instead of a summary.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Subcommand)]
+pub enum TimerCommand {
+    /// Create a timer (idempotent: the same id and spec returns the existing one).
+    Create {
+        #[command(flatten)]
+        conn: Conn,
+        namespace: String,
+        id: String,
+        /// Fire after this many milliseconds.
+        #[arg(long, conflicts_with = "at")]
+        delay_ms: Option<u64>,
+        /// Fire at this unix time in milliseconds.
+        #[arg(long)]
+        at: Option<u64>,
+        /// Deliver by POSTing to this URL.
+        #[arg(long, conflicts_with = "topic")]
+        webhook: Option<String>,
+        /// Deliver by holding on this pull topic.
+        #[arg(long)]
+        topic: Option<String>,
+        /// Payload, as text.
+        #[arg(long, default_value = "")]
+        payload: String,
+        /// Labels, key=value (repeatable).
+        #[arg(long = "label")]
+        labels: Vec<String>,
+        #[arg(long, default_value_t = 0)]
+        max_attempts: u32,
+    },
+    Get {
+        #[command(flatten)]
+        conn: Conn,
+        namespace: String,
+        id: String,
+    },
+    /// List a namespace's timers.
+    List {
+        #[command(flatten)]
+        conn: Conn,
+        namespace: String,
+        /// SCHEDULED, FIRING, DELIVERED, DEAD or CANCELLED.
+        #[arg(long)]
+        state: Option<String>,
+        #[arg(long, default_value_t = 100)]
+        limit: u32,
+        #[arg(long, default_value = "")]
+        page_token: String,
+    },
+    /// Cancel a timer; says whether it was cancelled, already cancelled, already fired, or unknown.
+    Cancel {
+        #[command(flatten)]
+        conn: Conn,
+        namespace: String,
+        id: String,
+    },
+    /// Move a scheduled timer's fire time (compare-and-set on its generation).
+    Reschedule {
+        #[command(flatten)]
+        conn: Conn,
+        namespace: String,
+        id: String,
+        /// The generation you last saw (see `timer get`).
+        #[arg(long)]
+        generation: u64,
+        #[arg(long, conflicts_with = "at")]
+        delay_ms: Option<u64>,
+        #[arg(long)]
+        at: Option<u64>,
+    },
+    /// How many timers of a namespace fire in the next minute, hour and day.
+    Horizon {
+        #[command(flatten)]
+        conn: Conn,
+        namespace: String,
+    },
+}
+
+fn print_timer(timer: &pb::Timer, json: bool) {
+    if json {
+        println!("{}", serde_json::to_string_pretty(&TimerJson::from_proto(timer)).expect("json"));
+        return;
+    }
+    let state = tocsin_node::json::state_name(timer.state);
+    print!(
+        "{}/{}  {state}  fire_at_ms={}  generation={}  shard={}",
+        timer.namespace, timer.id, timer.fire_at_ms, timer.generation, timer.shard
+    );
+    if let Some(f) = &timer.fire {
+        print!("  fire_id={} epoch={} attempt={}", f.fire_id, f.epoch, f.attempt);
+        if !f.last_error.is_empty() {
+            print!("  last_error={:?}", f.last_error);
+        }
+    }
+    println!();
+}
+
+fn parse_labels(labels: &[String]) -> anyhow::Result<std::collections::HashMap<String, String>> {
+    labels
+        .iter()
+        .map(|l| {
+            l.split_once('=')
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .with_context(|| format!("label {l:?} is not key=value"))
+        })
+        .collect()
+}
+
+pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        TimerCommand::Create { conn, namespace, id, delay_ms, at, webhook, topic, payload, labels, max_attempts } => {
+            let client = Client::connect(conn.addrs.clone()).await?;
+            let fire_time = match (delay_ms, at) {
+                (Some(d), _) => pb::create_timer_request::FireTime::DelayMs(d),
+                (None, Some(a)) => pb::create_timer_request::FireTime::FireAtMs(a),
+                (None, None) => anyhow::bail!("give --delay-ms or --at"),
+            };
+            let target = match (webhook, topic) {
+                (Some(url), _) => pb::callback::Target::Webhook(pb::Webhook { url }),
+                (None, Some(topic)) => pb::callback::Target::Pull(pb::Pull { topic }),
+                (None, None) => anyhow::bail!("give --webhook URL or --topic NAME"),
+            };
+            let req = pb::CreateTimerRequest {
+                namespace,
+                id,
+                fire_time: Some(fire_time),
+                payload: payload.into_bytes().into(),
+                labels: parse_labels(&labels)?,
+                callback: Some(pb::Callback { target: Some(target) }),
+                retry: Some(pb::RetryPolicy { max_attempts, ..Default::default() }),
+            };
+            let resp = client.create_timer(req).await?;
+            if let Some(t) = &resp.timer {
+                if !conn.json {
+                    print!("{} ", if resp.created { "created" } else { "exists" });
+                }
+                print_timer(t, conn.json);
+            }
+        }
+        TimerCommand::Get { conn, namespace, id } => {
+            let client = Client::connect(conn.addrs.clone()).await?;
+            print_timer(&client.get_timer(&namespace, &id).await?, conn.json);
+        }
+        TimerCommand::List { conn, namespace, state, limit, page_token } => {
+            let client = Client::connect(conn.addrs.clone()).await?;
+            let state = match state {
+                Some(s) => pb::timer::State::from_str_name(&s.to_ascii_uppercase())
+                    .with_context(|| format!("unknown state {s}"))? as i32,
+                None => 0,
+            };
+            let resp = client
+                .list_timers(pb::ListTimersRequest {
+                    namespace,
+                    state,
+                    page_size: limit,
+                    page_token,
+                    ..Default::default()
+                })
+                .await?;
+            if conn.json {
+                let timers: Vec<TimerJson> = resp.timers.iter().map(TimerJson::from_proto).collect();
+                println!("{}", serde_json::json!({ "timers": timers, "next_page_token": resp.next_page_token }));
+            } else {
+                for t in &resp.timers {
+                    print_timer(t, false);
+                }
+                if !resp.next_page_token.is_empty() {
+                    println!("more: --page-token {}", resp.next_page_token);
+                }
+            }
+        }
+        TimerCommand::Cancel { conn, namespace, id } => {
+            let client = Client::connect(conn.addrs.clone()).await?;
+            let resp = client.cancel_timer(&namespace, &id).await?;
+            let outcome =
+                pb::cancel_timer_response::Outcome::try_from(resp.outcome).map(|o| o.as_str_name()).unwrap_or("?");
+            if conn.json {
+                let fire = resp
+                    .fire
+                    .as_ref()
+                    .map(|f| serde_json::json!({ "fire_id": f.fire_id, "epoch": f.epoch, "attempt": f.attempt }));
+                println!("{}", serde_json::json!({ "outcome": outcome, "fire": fire }));
+            } else {
+                match &resp.fire {
+                    Some(f) => println!("{outcome}  fire_id={} epoch={} attempt={}", f.fire_id, f.epoch, f.attempt),
+                    None => println!("{outcome}"),
+                }
+            }
+            if outcome == "NOT_FOUND" {
+                return Ok(ExitCode::from(4));
+            }
+        }
+        TimerCommand::Reschedule { conn, namespace, id, generation, delay_ms, at } => {
+            let client = Client::connect(conn.addrs.clone()).await?;
+            let fire_time = match (delay_ms, at) {
+                (Some(d), _) => pb::reschedule_timer_request::FireTime::DelayMs(d),
+                (None, Some(a)) => pb::reschedule_timer_request::FireTime::FireAtMs(a),
+                (None, None) => anyhow::bail!("give --delay-ms or --at"),
+            };
+            let timer = client
+                .reschedule_timer(pb::RescheduleTimerRequest {
+                    namespace,
+                    id,
+                    expected_generation: generation,
+                    fire_time: Some(fire_time),
+                })
+                .await?;
+            print_timer(&timer, conn.json);
+        }
+        TimerCommand::Horizon { conn, namespace } => {
+            let client = Client::connect(conn.addrs.clone()).await?;
+            let h = client.horizon(&namespace).await?;
+            if conn.json {
+                println!(
+                    "{}",
+                    serde_json::json!({ "overdue": h.overdue, "next_minute": h.next_minute, "next_hour": h.next_hour, "next_day": h.next_day })
+                );
+            } else {
+                println!(
+                    "overdue {}  next minute {}  next hour {}  next day {}",
+                    h.overdue, h.next_minute, h.next_hour, h.next_day
+                );
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

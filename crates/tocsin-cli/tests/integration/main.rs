@@ -1,0 +1,7 @@
+//! End-to-end tests of the `tocsin` binary: real processes, real sockets,
+//! real RocksDB. One binary, one module per scenario.
+
+mod bad_input;
+mod pull;
+mod support;
+mod webhook;

@@ -1,0 +1,217 @@
+//! Pull delivery: a consumer that dies without acking has its reservations
+//! handed to another after the time-to-run; and, as for webhooks, timers
+//! survive a kill -9 of the node mid-way, cancelled ones never arrive, and
+//! none arrives early.
+
+use std::collections::HashMap;
+use std::collections::HashSet;
+use std::time::Duration;
+
+use tocsin_client::Client;
+use tocsin_client::ClientOptions;
+use tocsin_client::v1 as pb;
+
+use crate::support::Fate;
+use crate::support::NodeProcess;
+use crate::support::create_and_cancel_fifth;
+use crate::support::now_ms;
+use crate::support::percentiles;
+
+fn refs(batch: &pb::ReserveResponse) -> Vec<pb::DeliveryRef> {
+    batch
+        .deliveries
+        .iter()
+        .map(|d| pb::DeliveryRef {
+            namespace: d.namespace.clone(),
+            id: d.id.clone(),
+            fire_id: d.fire_id.clone(),
+            attempt: d.attempt,
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn unacked_reservations_are_redelivered_after_ttr() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(dir.path(), &[]);
+    let client = Client::connect([node.grpc.clone()]).await.unwrap();
+
+    // Phase: 200 pull timers due in a second.
+    let due = now_ms() + 1_000;
+    let reqs: Vec<_> = (0..200).map(|i| tocsin_client::pull_timer("ttr", &format!("p-{i}"), due, "jobs")).collect();
+    assert!(client.create_timers(reqs).await.iter().all(Result::is_ok));
+
+    // Phase: consumer A reserves with a 1 s time-to-run and dies without acking.
+    let reserve = |ttr_ms| pb::ReserveRequest {
+        namespace: "ttr".into(),
+        topic: "jobs".into(),
+        ttr_ms,
+        max_batch: 500,
+        max_in_flight: 1000,
+    };
+    let mut a = client.reserve(reserve(1_000)).await.unwrap();
+    let mut taken_by_a = HashSet::new();
+    let deadline = now_ms() + 10_000;
+    while taken_by_a.len() < 200 && now_ms() < deadline {
+        if let Ok(Some(batch)) = tokio::time::timeout(Duration::from_secs(2), a.recv()).await {
+            for d in &batch.deliveries {
+                assert_eq!(d.attempt, 1);
+                assert!(d.reserved_until_ms > now_ms());
+                taken_by_a.insert(d.id.clone());
+            }
+        }
+    }
+    assert_eq!(taken_by_a.len(), 200, "consumer A got everything");
+    let reserved_at = now_ms();
+    drop(a);
+
+    // Phase: consumer B gets every timer again once A's reservations run out,
+    // as attempt 2, and acks them.
+    let mut b = client.reserve(reserve(30_000)).await.unwrap();
+    let mut got = HashMap::new();
+    let deadline = now_ms() + 15_000;
+    while got.len() < 200 && now_ms() < deadline {
+        if let Ok(Some(batch)) = tokio::time::timeout(Duration::from_secs(2), b.recv()).await {
+            for d in &batch.deliveries {
+                got.insert(d.id.clone(), (d.attempt, now_ms()));
+            }
+            let results = client.ack(refs(&batch)).await.unwrap();
+            assert!(results.iter().all(|r| r.status == pb::ack_result::Status::Ok as i32), "{results:?}");
+        }
+    }
+    assert_eq!(got.len(), 200, "every timer came back to consumer B");
+    assert!(got.values().all(|(attempt, _)| *attempt == 2));
+    let first_redelivery = got.values().map(|(_, t)| *t).min().unwrap();
+    assert!(first_redelivery >= reserved_at + 900, "redelivered only after the time-to-run");
+
+    // Phase: an ack for A's expired attempt is stale, and the timers are DELIVERED.
+    let stale = client
+        .ack(vec![pb::DeliveryRef {
+            namespace: "ttr".into(),
+            id: "p-0".into(),
+            fire_id: client.get_timer("ttr", "p-0").await.unwrap().fire.unwrap().fire_id,
+            attempt: 1,
+        }])
+        .await
+        .unwrap();
+    assert_eq!(stale[0].status, pb::ack_result::Status::Stale as i32);
+    for i in [0, 99, 199] {
+        let t = client.get_timer("ttr", &format!("p-{i}")).await.unwrap();
+        assert_eq!(t.state, pb::timer::State::Delivered as i32);
+        assert_eq!(t.fire.unwrap().attempt, 2);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pull_timers_survive_kill_9() {
+    const TOTAL: usize = 10_000;
+    let dir = tempfile::tempdir().unwrap();
+    let mut node = NodeProcess::start(dir.path(), &[]);
+    let options = ClientOptions { request_timeout: Duration::from_secs(3), max_attempts: 20, ..Default::default() };
+    let client = Client::with_options([node.grpc.clone()], options).await.unwrap();
+
+    // Phase: a consumer that acks everything it gets, recording first receipt.
+    let received: std::sync::Arc<std::sync::Mutex<HashMap<String, (u64, u64)>>> = Default::default();
+    {
+        let client = client.clone();
+        let received = received.clone();
+        tokio::spawn(async move {
+            let mut rx = client
+                .reserve(pb::ReserveRequest {
+                    namespace: "pull".into(),
+                    topic: "q".into(),
+                    ttr_ms: 5_000,
+                    max_batch: 500,
+                    max_in_flight: 20_000,
+                })
+                .await
+                .unwrap();
+            while let Some(batch) = rx.recv().await {
+                let now = now_ms();
+                {
+                    let mut r = received.lock().unwrap();
+                    for d in &batch.deliveries {
+                        r.entry(d.id.clone()).or_insert((now, d.fire_at_ms));
+                    }
+                }
+                let client = client.clone();
+                tokio::spawn(async move { client.ack(refs(&batch)).await });
+            }
+        });
+    }
+
+    // Phase: create timers due 1-5 s ahead and cancel every fifth, while the
+    // node is killed and restarted.
+    let base = now_ms();
+    let reqs: Vec<pb::CreateTimerRequest> = (0..TOTAL)
+        .map(|i| {
+            tocsin_client::pull_timer("pull", &format!("t-{i}"), base + 1_000 + (i as u64 * 4_000 / TOTAL as u64), "q")
+        })
+        .collect();
+    let fates_list: Vec<(String, Option<bool>)> = create_and_cancel_fifth(&client, reqs)
+        .await
+        .into_iter()
+        .map(|(id, fate, _)| {
+            (
+                id,
+                match fate {
+                    Fate::MustFire => Some(true),
+                    Fate::Cancelled => Some(false),
+                    Fate::Unknown => None,
+                },
+            )
+        })
+        .collect();
+    let created_in_ms = now_ms() - base;
+    println!("created and cancelled in {created_in_ms} ms");
+    assert!(created_in_ms < 2_000, "creating took {created_in_ms} ms: the kill would not land mid-way");
+    tokio::time::sleep(Duration::from_millis(2_500u64.saturating_sub(created_in_ms))).await;
+    node.kill9();
+    let killed_at = now_ms();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    node.restart();
+    let restarted_at = now_ms();
+    let fates = fates_list;
+
+    // Phase: wait for every timer that must fire, then check.
+    let must: Vec<&String> = fates.iter().filter(|(_, f)| *f == Some(true)).map(|(id, _)| id).collect();
+    let deadline = now_ms() + 30_000;
+    while now_ms() < deadline {
+        if must.iter().all(|id| received.lock().unwrap().contains_key(*id)) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let received = received.lock().unwrap().clone();
+    let lost: Vec<&&String> = must.iter().filter(|id| !received.contains_key(**id)).collect();
+    let cancelled_received: Vec<&String> =
+        fates.iter().filter(|(id, f)| *f == Some(false) && received.contains_key(id)).map(|(id, _)| id).collect();
+    let early: Vec<&String> = received.iter().filter(|(_, (recv, fire_at))| recv < fire_at).map(|(id, _)| id).collect();
+    println!(
+        "pull: must fire {}, cancelled {}, unknown {}, received {}",
+        must.len(),
+        fates.iter().filter(|(_, f)| *f == Some(false)).count(),
+        fates.iter().filter(|(_, f)| f.is_none()).count(),
+        received.len()
+    );
+    println!(
+        "pull lateness over the run: {}",
+        percentiles(received.values().map(|(r, f)| r.saturating_sub(*f)).collect())
+    );
+    let outage: Vec<u64> = received
+        .values()
+        .filter(|(_, f)| *f >= killed_at.saturating_sub(500) && *f <= restarted_at)
+        .map(|(r, f)| r.saturating_sub((*f).max(restarted_at)))
+        .collect();
+    println!("pull lateness after restart for timers due during the outage: {}", percentiles(outage));
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged pull timers never delivered, e.g. {:?}\n{}",
+        lost.len(),
+        &lost[..lost.len().min(5)],
+        node.log()
+    );
+    assert!(cancelled_received.is_empty(), "cancelled yet delivered: {cancelled_received:?}");
+    assert!(early.is_empty(), "delivered early: {early:?}");
+}

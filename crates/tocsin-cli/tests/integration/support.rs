@@ -1,0 +1,231 @@
+//! Test harness: a `tocsin serve` child process on free ports and a
+//! temporary data directory, and an in-test webhook receiver.
+
+use axum::serve::ListenerExt as _;
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::Child;
+use std::process::Command;
+use std::process::Stdio;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+use std::time::Instant;
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// A port nothing listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// One `tocsin serve` process.
+pub struct NodeProcess {
+    pub data: PathBuf,
+    pub grpc: String,
+    pub http: String,
+    env: Vec<(String, String)>,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl NodeProcess {
+    /// Starts a single-node cluster with `env` as extra `TOCSIN_*` settings.
+    pub fn start(dir: &std::path::Path, env: &[(&str, &str)]) -> NodeProcess {
+        let mut node = NodeProcess {
+            data: dir.join("data"),
+            grpc: format!("127.0.0.1:{}", free_port()),
+            http: format!("127.0.0.1:{}", free_port()),
+            env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            child: None,
+            log: dir.join("node.log"),
+        };
+        node.spawn();
+        node
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_tocsin"));
+        cmd.args(["serve", "--node-id", "1", "--grpc", &self.grpc, "--http", &self.http])
+            .arg("--data")
+            .arg(&self.data)
+            .env("TOCSIN_NUM_SHARDS", "8")
+            .env("TOCSIN_REPLICATION_FACTOR", "1")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        self.child = Some(cmd.spawn().expect("spawn tocsin"));
+        self.wait_ready();
+    }
+
+    pub fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let url = format!("http://{}/readyz", self.http);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!("node exited with {status}; log:\n{}", self.log());
+            }
+            if let Ok(out) = Command::new("curl").args(["-sf", "-m", "1", &url]).output()
+                && out.status.success()
+            {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("node not ready; log:\n{}", std::fs::read_to_string(&self.log).unwrap_or_default());
+    }
+
+    /// SIGKILL: no shutdown path runs.
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "kill it first");
+        self.spawn();
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for NodeProcess {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+/// A delivery as the receiver saw it.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub recv_ms: u64,
+    pub fire_at_ms: u64,
+    pub fire_id: String,
+    pub epoch: u64,
+    pub attempt: u64,
+}
+
+/// An HTTP receiver that records every delivery by timer id.
+pub struct Receiver {
+    pub url: String,
+    pub seen: Arc<Mutex<HashMap<String, Vec<Seen>>>>,
+}
+
+impl Receiver {
+    pub async fn start() -> Receiver {
+        let seen: Arc<Mutex<HashMap<String, Vec<Seen>>>> = Arc::default();
+        let state = seen.clone();
+        let app = axum::Router::new().fallback(axum::routing::post(move |body: axum::body::Bytes| {
+            let state = state.clone();
+            async move {
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                let s = Seen {
+                    recv_ms: now_ms(),
+                    fire_at_ms: v["fire_at_ms"].as_u64().unwrap(),
+                    fire_id: v["fire_id"].as_str().unwrap().to_string(),
+                    epoch: v["epoch"].as_u64().unwrap(),
+                    attempt: v["attempt"].as_u64().unwrap(),
+                };
+                state.lock().unwrap().entry(v["id"].as_str().unwrap().to_string()).or_default().push(s);
+                "ok"
+            }
+        }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move {
+            axum::serve(
+                listener.tap_io(|tcp| {
+                    let _ = tcp.set_nodelay(true);
+                }),
+                app,
+            )
+            .await
+        });
+        Receiver { url, seen }
+    }
+
+    pub fn delivered(&self) -> HashMap<String, Vec<Seen>> {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+/// p50/p99/max of a list, for the test's printout.
+pub fn percentiles(mut v: Vec<u64>) -> String {
+    if v.is_empty() {
+        return "no samples".into();
+    }
+    v.sort_unstable();
+    let at = |q: f64| v[((v.len() - 1) as f64 * q) as usize];
+    format!("p50 {} ms, p99 {} ms, max {} ms (n={})", at(0.5), at(0.99), v[v.len() - 1], v.len())
+}
+
+/// What a test may expect of a timer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fate {
+    /// Create acknowledged; not cancelled (or the cancel said it fired).
+    MustFire,
+    /// A cancel answered CANCELLED (or ALREADY_CANCELLED).
+    Cancelled,
+    /// The create or the cancel has an unknown outcome.
+    Unknown,
+}
+
+/// Creates `reqs` in chunks of 250, eight chunks at a time, and cancels every
+/// fifth acknowledged timer right after its chunk is created. Returns each
+/// timer's id, fate and fire time.
+pub async fn create_and_cancel_fifth(
+    client: &tocsin_client::Client,
+    reqs: Vec<tocsin_client::v1::CreateTimerRequest>,
+) -> Vec<(String, Fate, u64)> {
+    use futures::StreamExt;
+    use tocsin_client::v1 as pb;
+    let chunks: Vec<Vec<pb::CreateTimerRequest>> = reqs.chunks(250).map(<[_]>::to_vec).collect();
+    futures::stream::iter(chunks)
+        .map(|chunk| async move {
+            let results = client.create_timers(chunk.clone()).await;
+            let mut fates: Vec<(String, Fate, u64)> = chunk
+                .iter()
+                .zip(results)
+                .map(|(req, res)| {
+                    let fire_at = match req.fire_time {
+                        Some(pb::create_timer_request::FireTime::FireAtMs(at)) => at,
+                        _ => panic!("tests give absolute fire times"),
+                    };
+                    (req.id.clone(), if res.is_ok() { Fate::MustFire } else { Fate::Unknown }, fire_at)
+                })
+                .collect();
+            let cancels: Vec<usize> =
+                (0..fates.len()).filter(|i| fates[*i].1 == Fate::MustFire && i % 5 == 0).collect();
+            let namespace = chunk[0].namespace.clone();
+            let outcomes =
+                futures::future::join_all(cancels.iter().map(|i| client.cancel_timer(&namespace, &fates[*i].0))).await;
+            for (i, outcome) in cancels.into_iter().zip(outcomes) {
+                use pb::cancel_timer_response::Outcome;
+                fates[i].1 = match outcome.map(|r| r.outcome) {
+                    Ok(o) if o == Outcome::Cancelled as i32 || o == Outcome::AlreadyCancelled as i32 => Fate::Cancelled,
+                    Ok(o) if o == Outcome::AlreadyFired as i32 => Fate::MustFire,
+                    _ => Fate::Unknown,
+                };
+            }
+            fates
+        })
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await
+        .into_iter()
+        .flatten()
+        .collect()
+}
