@@ -1,0 +1,175 @@
+//! Repository-wide checks. Each one guards an **Architecture Invariant**
+//! line of ARCHITECTURE.md or a rule of the brief, so breaking it fails
+//! `cargo test` rather than waiting for review.
+
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::path::PathBuf;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// Normal (not dev, not build) dependencies of every package, by name.
+fn dependency_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["metadata", "--format-version", "1", "--offline", "--filter-platform", "x86_64-unknown-linux-gnu"])
+        .current_dir(root())
+        .output()
+        .expect("cargo metadata runs");
+    assert!(out.status.success(), "cargo metadata: {}", String::from_utf8_lossy(&out.stderr));
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let name_of: BTreeMap<&str, &str> = meta["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| (p["id"].as_str().unwrap(), p["name"].as_str().unwrap()))
+        .collect();
+    let mut graph = BTreeMap::new();
+    for node in meta["resolve"]["nodes"].as_array().unwrap() {
+        let name = name_of[node["id"].as_str().unwrap()].to_string();
+        let deps = node["deps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|d| d["dep_kinds"].as_array().unwrap().iter().any(|k| k["kind"].is_null()))
+            .map(|d| name_of[d["pkg"].as_str().unwrap()].to_string())
+            .collect();
+        graph.insert(name, deps);
+    }
+    graph
+}
+
+fn closure(graph: &BTreeMap<String, BTreeSet<String>>, from: &str) -> BTreeSet<String> {
+    let mut seen = BTreeSet::new();
+    let mut stack = vec![from.to_string()];
+    while let Some(n) = stack.pop() {
+        for d in graph.get(&n).into_iter().flatten() {
+            if seen.insert(d.clone()) {
+                stack.push(d.clone());
+            }
+        }
+    }
+    seen
+}
+
+/// The dependency direction of ARCHITECTURE.md, checked on the resolved
+/// graph (transitively, normal dependencies only).
+#[test]
+fn dependency_direction() {
+    let graph = dependency_graph();
+    let deps = |c: &str| closure(&graph, c);
+    let heavy = ["librocksdb-sys", "rocksdb", "tonic", "openraft", "tokio", "hyper"];
+
+    assert!(
+        deps("tocsin-wheel").is_empty(),
+        "tocsin-wheel must use the standard library only: {:?}",
+        deps("tocsin-wheel")
+    );
+    for banned in heavy {
+        assert!(!deps("tocsin-core").contains(banned), "tocsin-core links {banned}");
+    }
+    for banned in ["librocksdb-sys", "rocksdb", "openraft"] {
+        assert!(!deps("tocsin-client").contains(banned), "tocsin-client links {banned}");
+        assert!(!deps("tocsin-proto").contains(banned), "tocsin-proto links {banned}");
+    }
+    // Internal layering: each crate may only use the ones listed.
+    let allowed: [(&str, &[&str]); 7] = [
+        ("tocsin-wheel", &[]),
+        ("tocsin-core", &[]),
+        ("tocsin-proto", &[]),
+        ("tocsin-store", &["tocsin-core"]),
+        ("tocsin-client", &["tocsin-core", "tocsin-proto"]),
+        ("tocsin-node", &["tocsin-wheel", "tocsin-core", "tocsin-proto", "tocsin-store"]),
+        (
+            "tocsin-cli",
+            &["tocsin-core", "tocsin-proto", "tocsin-node", "tocsin-client", "tocsin-wheel", "tocsin-store"],
+        ),
+    ];
+    for (krate, ok) in allowed {
+        for dep in graph[krate].iter().filter(|d| d.starts_with("tocsin-")) {
+            assert!(ok.contains(&dep.as_str()), "{krate} depends on {dep}, which ARCHITECTURE.md does not allow");
+        }
+    }
+}
+
+fn rust_files() -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![root().join("crates"), root().join("chaos-tests")];
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                if path.file_name().is_some_and(|n| n != "target") {
+                    stack.push(path);
+                }
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                out.push(path);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Every module opens with a `//!` doc saying what it is for.
+#[test]
+fn every_module_has_a_doc() {
+    let missing: Vec<_> = rust_files()
+        .into_iter()
+        .filter(|p| !std::fs::read_to_string(p).unwrap().trim_start().starts_with("//!"))
+        .map(|p| p.strip_prefix(root()).unwrap().display().to_string())
+        .collect();
+    assert!(missing.is_empty(), "modules without a //! doc: {missing:#?}");
+}
+
+fn files_containing(needle: &str, under: &[&str]) -> Vec<String> {
+    rust_files()
+        .into_iter()
+        .filter(|p| under.iter().any(|u| p.starts_with(root().join(u))))
+        .filter(|p| p != &root().join("crates/tocsin-tidy/tests/tidy.rs"))
+        .filter(|p| std::fs::read_to_string(p).unwrap().contains(needle))
+        .map(|p| p.strip_prefix(root()).unwrap().display().to_string())
+        .collect()
+}
+
+/// Slow suites are gated by an environment variable, never hidden.
+#[test]
+fn no_ignored_tests() {
+    let found = files_containing(concat!("#[", "ignore"), &["crates", "chaos-tests"]);
+    assert!(found.is_empty(), "use an environment variable to gate slow tests: {found:?}");
+}
+
+/// Shard routing must be stable across Rust releases and platforms.
+#[test]
+fn no_default_hasher_for_routing() {
+    let found = files_containing(concat!("Default", "Hasher"), &["crates"]);
+    assert!(found.is_empty(), "DefaultHasher is not stable across releases: {found:?}");
+}
+
+/// The pure cores never read a clock: time arrives as `now_ms`.
+#[test]
+fn pure_cores_read_no_clock() {
+    for clock in [concat!("SystemTime", "::now"), concat!("Instant", "::now")] {
+        let found = files_containing(clock, &["crates/tocsin-wheel/src", "crates/tocsin-core/src"]);
+        assert!(found.is_empty(), "{clock} in a pure core: {found:?}");
+    }
+    let found = files_containing(concat!("SystemTime", "::now"), &["crates/tocsin-store/src"]);
+    assert!(found.is_empty(), "apply must take time from the log entry, not the clock: {found:?}");
+}
+
+/// docs/storage.md lists every column family the store creates.
+#[test]
+fn storage_doc_lists_every_column_family() {
+    let doc = std::fs::read_to_string(root().join("docs/storage.md")).expect("docs/storage.md exists");
+    let keys = std::fs::read_to_string(root().join("crates/tocsin-store/src/keys.rs")).unwrap();
+    let cfs: Vec<&str> =
+        keys.lines().filter_map(|l| l.strip_prefix("pub const CF_")).filter_map(|l| l.split('"').nth(1)).collect();
+    assert!(cfs.len() >= 7, "found column families {cfs:?}");
+    for cf in cfs {
+        assert!(doc.contains(&format!("`{cf}`")), "docs/storage.md does not describe column family `{cf}`");
+    }
+}
