@@ -1,0 +1,297 @@
+//! The invariant checker: reads the driver's operations and the receiver's
+//! deliveries and judges a run.
+//!
+//! - **I1 lost**: every timer whose create was acknowledged and which was
+//!   not cancelled (no cancel tried, or the cancel answered ALREADY_FIRED)
+//!   has an accepted delivery.
+//! - **I2 cancelled then delivered**: a timer whose cancel answered
+//!   CANCELLED is delivered only if the delivery's attempt started before
+//!   the cancel was applied (`attempt_index < cancel applied_index`): that is
+//!   "in flight", shown by the log indexes. Any other such delivery is a
+//!   violation.
+//! - **I4 fencing**: per shard, no delivery the receiver accepted carries an
+//!   epoch below one it accepted earlier; and over every delivery that
+//!   reached the receiver (accepted or not), epochs order attempts the way
+//!   the log does: an attempt started under a higher epoch has a higher log
+//!   index than every attempt started under a lower one. Two leaders sharing
+//!   an epoch, or a deposed leader starting attempts after its successor
+//!   took over, break this.
+//! - **I5 lateness**: receive time minus fire time of each timer's first
+//!   accepted delivery: p50/p99/max over the run and over the fault window.
+//! - **I6 early**: no delivery received before its fire time.
+//!
+//! I7 (replica digests) and I8 (leaders after healing) are checked live by
+//! the scenario runner and passed in.
+
+use std::collections::BTreeMap;
+use std::collections::HashMap;
+use std::path::Path;
+
+use serde::Deserialize;
+use serde::Serialize;
+
+use crate::driver::Op;
+
+/// One line of `tocsin sink`'s output.
+#[derive(Clone, Debug, Deserialize)]
+pub struct Delivery {
+    pub recv_ms: u64,
+    pub verdict: String,
+    pub id: String,
+    pub shard: u32,
+    pub epoch: u64,
+    pub fire_id: String,
+    #[serde(default)]
+    pub attempt_index: u64,
+    pub fire_at_ms: u64,
+}
+
+fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result<Vec<T>> {
+    let text = std::fs::read_to_string(path)?;
+    Ok(text.lines().filter(|l| !l.trim().is_empty()).filter_map(|l| serde_json::from_str(l).ok()).collect())
+}
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Percentiles {
+    pub n: usize,
+    pub p50_ms: u64,
+    pub p99_ms: u64,
+    pub max_ms: u64,
+}
+
+impl Percentiles {
+    fn of(mut v: Vec<u64>) -> Percentiles {
+        if v.is_empty() {
+            return Percentiles::default();
+        }
+        v.sort_unstable();
+        let at = |q: f64| v[((v.len() - 1) as f64 * q).round() as usize];
+        Percentiles { n: v.len(), p50_ms: at(0.5), p99_ms: at(0.99), max_ms: v[v.len() - 1] }
+    }
+}
+
+impl std::fmt::Display for Percentiles {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "p50 {} ms, p99 {} ms, max {} ms (n={})", self.p50_ms, self.p99_ms, self.max_ms, self.n)
+    }
+}
+
+/// Everything the checker found.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Report {
+    pub creates_ok: usize,
+    pub creates_unknown: usize,
+    pub cancels_cancelled: usize,
+    pub cancels_unknown: usize,
+    pub must_fire: usize,
+    /// I1.
+    pub lost: usize,
+    pub lost_examples: Vec<String>,
+    /// I2.
+    pub cancelled_then_delivered: usize,
+    pub cancelled_in_flight_excused: usize,
+    /// I4.
+    pub accepted_stale: usize,
+    pub epoch_order_violations: usize,
+    pub rejected_stale: usize,
+    pub duplicates: usize,
+    /// I6.
+    pub early: usize,
+    /// I5.
+    pub lateness: Percentiles,
+    pub lateness_fault_window: Percentiles,
+    /// I7: replicas agree (checked by the runner).
+    pub digests_equal: Option<bool>,
+    /// I8: milliseconds until every shard had a leader after healing.
+    pub leaders_after_heal_ms: Option<u64>,
+}
+
+impl Report {
+    /// The failed invariants, empty when the run passed. `max_p99_ms` bounds
+    /// the fault window's p99.
+    pub fn failures(&self, max_p99_ms: u64) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.lost > 0 {
+            out.push(format!("I1: {} acknowledged timers never delivered, e.g. {:?}", self.lost, self.lost_examples));
+        }
+        if self.cancelled_then_delivered > 0 {
+            out.push(format!("I2: {} timers delivered after an acknowledged cancel", self.cancelled_then_delivered));
+        }
+        if self.accepted_stale > 0 {
+            out.push(format!("I4: {} deliveries accepted with a stale epoch", self.accepted_stale));
+        }
+        if self.epoch_order_violations > 0 {
+            out.push(format!("I4: {} shard epochs whose attempts interleave in the log", self.epoch_order_violations));
+        }
+        if self.early > 0 {
+            out.push(format!("I6: {} deliveries before their fire time", self.early));
+        }
+        if self.lateness_fault_window.p99_ms > max_p99_ms {
+            out.push(format!(
+                "I5: fault-window lateness p99 {} ms over {max_p99_ms} ms",
+                self.lateness_fault_window.p99_ms
+            ));
+        }
+        if self.digests_equal == Some(false) {
+            out.push("I7: replicas' state digests differ after healing".into());
+        }
+        match self.leaders_after_heal_ms {
+            Some(ms) if ms > 5_000 => out.push(format!("I8: shards without a leader {ms} ms after healing")),
+            None => out.push("I8: some shard never got a leader after healing".into()),
+            _ => {}
+        }
+        if self.must_fire == 0 {
+            out.push("no timer was expected to fire: the load did not run".into());
+        }
+        out
+    }
+}
+
+/// Judges a run from its files; `fault` is the fault window `(start, end)`
+/// in unix ms (timers due in it, give or take a second before and ten after).
+pub fn check(ops_path: &Path, deliveries_path: &Path, fault: Option<(u64, u64)>) -> anyhow::Result<Report> {
+    let ops: Vec<Op> = read_lines(ops_path)?;
+    let deliveries: Vec<Delivery> = read_lines(deliveries_path)?;
+    let mut report = Report::default();
+
+    let mut created: HashMap<&str, u64> = HashMap::new();
+    let mut unknown_create: Vec<&str> = Vec::new();
+    for op in ops.iter().filter(|o| o.op == "create") {
+        if op.outcome == "ok" {
+            created.insert(&op.id, op.fire_at_ms);
+        } else {
+            unknown_create.push(&op.id);
+        }
+    }
+    report.creates_ok = created.len();
+    report.creates_unknown = unknown_create.len();
+    // The cancel that decides each timer's fate (the last definite one).
+    let mut cancel: HashMap<&str, &Op> = HashMap::new();
+    for op in ops.iter().filter(|o| o.op == "cancel") {
+        cancel.insert(&op.id, op);
+    }
+    report.cancels_cancelled =
+        cancel.values().filter(|c| c.outcome == "cancelled" || c.outcome == "already_cancelled").count();
+    report.cancels_unknown = cancel.values().filter(|c| c.outcome == "unknown").count();
+
+    // Deliveries, in receive order (the sink's file order).
+    let mut first_accepted: HashMap<&str, &Delivery> = HashMap::new();
+    let mut max_epoch: BTreeMap<u32, u64> = BTreeMap::new();
+    let mut seen_fire_ids: HashMap<&str, usize> = HashMap::new();
+    for d in &deliveries {
+        match d.verdict.as_str() {
+            "accepted" => {
+                let max = max_epoch.entry(d.shard).or_insert(0);
+                if d.epoch < *max {
+                    report.accepted_stale += 1;
+                }
+                *max = (*max).max(d.epoch);
+                first_accepted.entry(&d.id).or_insert(d);
+                *seen_fire_ids.entry(&d.fire_id).or_default() += 1;
+                if d.recv_ms < d.fire_at_ms {
+                    report.early += 1;
+                }
+            }
+            "duplicate" => report.duplicates += 1,
+            "rejected_stale" => report.rejected_stale += 1,
+            _ => {}
+        }
+    }
+
+    report.epoch_order_violations = epoch_order_violations(&deliveries);
+
+    let mut lateness = Vec::new();
+    let mut window = Vec::new();
+    for (id, fire_at) in &created {
+        let fate = cancel.get(id).map(|c| c.outcome.as_str());
+        let must = matches!(fate, None | Some("already_fired"));
+        if must {
+            report.must_fire += 1;
+        }
+        match first_accepted.get(id) {
+            Some(d) => {
+                let late = d.recv_ms.saturating_sub(*fire_at);
+                lateness.push(late);
+                if let Some((start, end)) = fault
+                    && *fire_at + 1_000 >= start
+                    && *fire_at <= end + 10_000
+                {
+                    window.push(late);
+                }
+                if let Some(c) = cancel.get(id)
+                    && (c.outcome == "cancelled" || c.outcome == "already_cancelled")
+                {
+                    let in_flight = deliveries
+                        .iter()
+                        .filter(|x| x.id == *id && x.verdict == "accepted")
+                        .all(|x| x.attempt_index != 0 && x.attempt_index < c.applied_index);
+                    if in_flight {
+                        report.cancelled_in_flight_excused += 1;
+                    } else {
+                        report.cancelled_then_delivered += 1;
+                    }
+                }
+            }
+            None if must => {
+                report.lost += 1;
+                if report.lost_examples.len() < 5 {
+                    report.lost_examples.push(id.to_string());
+                }
+            }
+            None => {}
+        }
+    }
+    report.lateness = Percentiles::of(lateness);
+    report.lateness_fault_window = Percentiles::of(window);
+    Ok(report)
+}
+
+/// Counts the places where, within a shard, a higher epoch's earliest attempt
+/// index is not above every attempt index of the lower epochs.
+fn epoch_order_violations(deliveries: &[Delivery]) -> usize {
+    // shard -> epoch -> (min attempt index, max attempt index)
+    let mut spans: BTreeMap<u32, BTreeMap<u64, (u64, u64)>> = BTreeMap::new();
+    for d in deliveries.iter().filter(|d| d.attempt_index != 0 && d.epoch != 0) {
+        let span = spans.entry(d.shard).or_default().entry(d.epoch).or_insert((u64::MAX, 0));
+        span.0 = span.0.min(d.attempt_index);
+        span.1 = span.1.max(d.attempt_index);
+    }
+    let mut violations = 0;
+    for epochs in spans.values() {
+        let mut max_below = 0u64;
+        for (min, max) in epochs.values() {
+            if *min <= max_below {
+                violations += 1;
+            }
+            max_below = max_below.max(*max);
+        }
+    }
+    violations
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(shard: u32, epoch: u64, attempt_index: u64) -> Delivery {
+        Delivery {
+            recv_ms: 0,
+            verdict: "accepted".into(),
+            id: String::new(),
+            shard,
+            epoch,
+            fire_id: String::new(),
+            attempt_index,
+            fire_at_ms: 0,
+        }
+    }
+
+    #[test]
+    fn epochs_must_order_attempts_like_the_log() {
+        assert_eq!(epoch_order_violations(&[d(0, 1, 10), d(0, 1, 20), d(0, 2, 30), d(1, 1, 5)]), 0);
+        // Epoch 2 started an attempt at index 15, before epoch 1's at 20.
+        assert_eq!(epoch_order_violations(&[d(0, 1, 10), d(0, 1, 20), d(0, 2, 15)]), 1);
+        // Other shards' indexes are unrelated.
+        assert_eq!(epoch_order_violations(&[d(0, 1, 100), d(1, 2, 1)]), 0);
+    }
+}

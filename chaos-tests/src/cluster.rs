@@ -1,0 +1,261 @@
+//! The processes under test: three `tocsin serve` nodes and a `tocsin sink`
+//! receiver, each in its own namespace, with the controls faults need
+//! (SIGKILL, SIGTERM, SIGSTOP/SIGCONT, restart with the same data).
+
+use std::path::Path;
+use std::path::PathBuf;
+use std::process::Child;
+use std::process::Command;
+use std::process::Stdio;
+use std::time::Duration;
+use std::time::Instant;
+
+use anyhow::Context;
+use anyhow::bail;
+use tocsin_client::v1 as pb;
+
+use crate::net::Host;
+use crate::net::Net;
+
+pub const GRPC_PORT: u16 = 7070;
+pub const HTTP_PORT: u16 = 7071;
+pub const SINK_PORT: u16 = 9000;
+
+/// One node process.
+pub struct NodeProc {
+    pub id: u64,
+    pub host: Host,
+    log: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
+    child: Option<Child>,
+}
+
+impl NodeProc {
+    pub fn grpc(&self) -> String {
+        format!("{}:{GRPC_PORT}", self.host.ip)
+    }
+
+    fn spawn(&mut self, tocsin: &Path) -> anyhow::Result<()> {
+        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log)?;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &self.host.ns()]).arg(tocsin).args(&self.args);
+        for (k, v) in &self.env {
+            cmd.env(k, v);
+        }
+        let child = cmd.stdout(Stdio::null()).stderr(log).spawn().context("starting a node")?;
+        self.child = Some(child);
+        Ok(())
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    fn signal(&self, sig: &str) {
+        if let Some(pid) = self.pid() {
+            let _ = Command::new("kill").args([sig, &pid.to_string()]).status();
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// SIGTERM, then waits (the node hands its leaderships over first).
+    pub fn terminate(&mut self, timeout: Duration) {
+        self.signal("-TERM");
+        let deadline = Instant::now() + timeout;
+        if let Some(child) = self.child.as_mut() {
+            while Instant::now() < deadline {
+                if let Ok(Some(_)) = child.try_wait() {
+                    self.child = None;
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        self.kill9();
+    }
+
+    pub fn freeze(&self) {
+        self.signal("-STOP");
+    }
+
+    pub fn thaw(&self) {
+        self.signal("-CONT");
+    }
+
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+/// The nodes and the receiver.
+pub struct Cluster {
+    pub nodes: Vec<NodeProc>,
+    sink: Option<Child>,
+    pub sink_url: String,
+    pub deliveries: PathBuf,
+    tocsin: PathBuf,
+}
+
+impl Cluster {
+    /// Starts `sink` and three nodes (hosts named n1..n3 in `net`).
+    pub fn start(net: &Net, tocsin: &Path, dir: &Path, shards: u32) -> anyhow::Result<Cluster> {
+        std::fs::create_dir_all(dir)?;
+        let deliveries = dir.join("deliveries.ndjson");
+        let sink_host = net.host("sink");
+        let sink_log = std::fs::File::create(dir.join("sink.log"))?;
+        let sink = Command::new("ip")
+            .args(["netns", "exec", &sink_host.ns()])
+            .arg(tocsin)
+            .args(["sink", "--quiet", "--listen", &format!("{}:{SINK_PORT}", sink_host.ip)])
+            .arg("--out")
+            .arg(&deliveries)
+            .stdout(Stdio::null())
+            .stderr(sink_log)
+            .spawn()
+            .context("starting the sink")?;
+        let names = ["n1", "n2", "n3"];
+        let initial: Vec<String> = names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let ip = &net.host(n).ip;
+                format!("{}={ip}:{GRPC_PORT}/{ip}:{HTTP_PORT}", i + 1)
+            })
+            .collect();
+        let mut nodes = Vec::new();
+        for (i, name) in names.iter().enumerate() {
+            let host = net.host(name).clone();
+            let data = dir.join(format!("{name}-data"));
+            let args = vec![
+                "serve".into(),
+                "--node-id".into(),
+                (i + 1).to_string(),
+                "--data".into(),
+                data.display().to_string(),
+                "--grpc".into(),
+                format!("0.0.0.0:{GRPC_PORT}"),
+                "--http".into(),
+                format!("0.0.0.0:{HTTP_PORT}"),
+                "--advertise-grpc".into(),
+                format!("{}:{GRPC_PORT}", host.ip),
+                "--advertise-http".into(),
+                format!("{}:{HTTP_PORT}", host.ip),
+                "--initial-cluster".into(),
+                initial.join(","),
+                "--shards".into(),
+                shards.to_string(),
+            ];
+            let env = vec![
+                ("TOCSIN_REPLICATION_FACTOR".to_string(), "3".to_string()),
+                ("RUST_LOG".to_string(), "info,openraft=error".to_string()),
+            ];
+            let mut node =
+                NodeProc { id: i as u64 + 1, host, log: dir.join(format!("{name}.log")), args, env, child: None };
+            node.spawn(tocsin)?;
+            nodes.push(node);
+        }
+        Ok(Cluster {
+            nodes,
+            sink: Some(sink),
+            sink_url: format!("http://{}:{SINK_PORT}/hook", net.host("sink").ip),
+            deliveries,
+            tocsin: tocsin.to_path_buf(),
+        })
+    }
+
+    pub fn seeds(&self) -> Vec<String> {
+        self.nodes.iter().map(NodeProc::grpc).collect()
+    }
+
+    pub fn node(&mut self, id: u64) -> &mut NodeProc {
+        self.nodes.iter_mut().find(|n| n.id == id).expect("node id")
+    }
+
+    pub fn restart(&mut self, id: u64) -> anyhow::Result<()> {
+        let tocsin = self.tocsin.clone();
+        let node = self.node(id);
+        if node.running() {
+            bail!("node {id} is still running");
+        }
+        node.spawn(&tocsin)
+    }
+
+    pub fn logs(&self) -> String {
+        self.nodes.iter().map(|n| format!("--- node {} ---\n{}", n.id, tail(&n.log, 40))).collect::<Vec<_>>().join("\n")
+    }
+}
+
+fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for node in &mut self.nodes {
+            node.thaw();
+            node.kill9();
+        }
+        if let Some(mut sink) = self.sink.take() {
+            let _ = sink.kill();
+            let _ = sink.wait();
+        }
+    }
+}
+
+/// Cluster info from whichever node answers.
+pub async fn cluster_info(seeds: &[String], digests: bool) -> Option<pb::ClusterInfo> {
+    for seed in seeds {
+        if let Some(info) = node_info(seed, digests).await {
+            return Some(info);
+        }
+    }
+    None
+}
+
+/// Cluster info as one particular node sees it.
+pub async fn node_info(addr: &str, digests: bool) -> Option<pb::ClusterInfo> {
+    let endpoint =
+        tonic::transport::Endpoint::from_shared(format!("http://{addr}")).ok()?.connect_timeout(Duration::from_secs(1));
+    let channel = tokio::time::timeout(Duration::from_secs(2), endpoint.connect()).await.ok()?.ok()?;
+    let mut admin = pb::admin_service_client::AdminServiceClient::new(channel);
+    let info = tokio::time::timeout(Duration::from_secs(20), admin.get_cluster(pb::GetClusterRequest { digests }))
+        .await
+        .ok()?
+        .ok()?;
+    Some(info.into_inner())
+}
+
+/// Waits until every shard has a leader, as seen by every running node;
+/// returns how long that took.
+pub async fn wait_all_led(seeds: &[String], shards: u32, timeout: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < timeout {
+        let mut ok = true;
+        for seed in seeds {
+            match node_info(seed, false).await {
+                Some(info) if info.shards.len() as u32 == shards && info.shards.iter().all(|s| s.leader != 0) => {}
+                _ => ok = false,
+            }
+        }
+        if ok {
+            return Some(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
+/// The node that leads `shard` now.
+pub async fn leader_of(seeds: &[String], shard: u32) -> Option<u64> {
+    let info = cluster_info(seeds, false).await?;
+    info.shards.iter().find(|s| s.shard == shard).map(|s| s.leader).filter(|l| *l != 0)
+}

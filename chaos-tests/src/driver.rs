@@ -1,0 +1,222 @@
+//! The load driver: creates timers at a steady rate through the shard-aware
+//! client, cancels some of them before they are due, and records every
+//! operation with its outcome as NDJSON for the checker.
+//!
+//! An operation whose outcome is not known (the client gave up after its
+//! retries) is recorded as `unknown`, and the checker never counts it as
+//! lost or as a violation.
+
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use serde::Deserialize;
+use serde::Serialize;
+use tocsin_client::Client;
+use tocsin_client::ClientOptions;
+use tocsin_client::v1 as pb;
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
+
+/// One recorded operation.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Op {
+    /// `create` or `cancel`.
+    pub op: String,
+    pub id: String,
+    #[serde(default)]
+    pub fire_at_ms: u64,
+    pub invoke_ms: u64,
+    pub complete_ms: u64,
+    /// create: `ok` or `unknown`; cancel: `cancelled`, `already_cancelled`,
+    /// `already_fired`, `not_found` or `unknown`.
+    pub outcome: String,
+    /// For a cancel: the log index it was applied at.
+    #[serde(default)]
+    pub applied_index: u64,
+    /// Why the outcome is unknown.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+}
+
+/// Records operations to a file.
+#[derive(Clone)]
+pub struct Recorder {
+    out: Arc<Mutex<std::io::BufWriter<std::fs::File>>>,
+    pub creates: Arc<AtomicU64>,
+    pub failures: Arc<AtomicU64>,
+}
+
+impl Recorder {
+    pub fn new(path: &Path) -> anyhow::Result<Recorder> {
+        Ok(Recorder {
+            out: Arc::new(Mutex::new(std::io::BufWriter::new(std::fs::File::create(path)?))),
+            creates: Arc::default(),
+            failures: Arc::default(),
+        })
+    }
+
+    fn record(&self, op: &Op) {
+        let mut out = self.out.lock().expect("recorder lock");
+        let _ = writeln!(out, "{}", serde_json::to_string(op).expect("op serializes"));
+    }
+
+    pub fn flush(&self) {
+        let _ = self.out.lock().expect("recorder lock").flush();
+    }
+}
+
+pub const NAMESPACE: &str = "chaos";
+
+/// A client that keeps retrying through leader changes for a while.
+pub async fn client(seeds: Vec<String>) -> anyhow::Result<Client> {
+    let options = ClientOptions {
+        request_timeout: Duration::from_secs(2),
+        max_attempts: 30,
+        initial_backoff: Duration::from_millis(20),
+        max_backoff: Duration::from_millis(500),
+        ..Default::default()
+    };
+    Ok(Client::with_options(seeds, options).await?)
+}
+
+/// Creates `reqs` (already carrying ids and fire times) and records them.
+async fn create_batch(client: &Client, rec: &Recorder, reqs: Vec<pb::CreateTimerRequest>) -> Vec<String> {
+    let invoke_ms = now_ms();
+    let results = client.create_timers(reqs.clone()).await;
+    let complete_ms = now_ms();
+    let mut ok = Vec::new();
+    for (req, res) in reqs.iter().zip(results) {
+        let fire_at_ms = match req.fire_time {
+            Some(pb::create_timer_request::FireTime::FireAtMs(at)) => at,
+            _ => 0,
+        };
+        let (outcome, error) = match &res {
+            Ok(_) => {
+                ok.push(req.id.clone());
+                ("ok", String::new())
+            }
+            Err(e) => {
+                rec.failures.fetch_add(1, Ordering::Relaxed);
+                ("unknown", e.to_string())
+            }
+        };
+        rec.creates.fetch_add(1, Ordering::Relaxed);
+        rec.record(&Op {
+            op: "create".into(),
+            id: req.id.clone(),
+            fire_at_ms,
+            invoke_ms,
+            complete_ms,
+            outcome: outcome.into(),
+            applied_index: 0,
+            error,
+        });
+    }
+    ok
+}
+
+async fn cancel(client: &Client, rec: &Recorder, id: String) {
+    let invoke_ms = now_ms();
+    let result = client.cancel_timer(NAMESPACE, &id).await;
+    let complete_ms = now_ms();
+    use pb::cancel_timer_response::Outcome;
+    let error = result.as_ref().err().map(ToString::to_string).unwrap_or_default();
+    let (outcome, applied_index) = match result {
+        Ok(r) => (
+            match Outcome::try_from(r.outcome) {
+                Ok(Outcome::Cancelled) => "cancelled",
+                Ok(Outcome::AlreadyCancelled) => "already_cancelled",
+                Ok(Outcome::AlreadyFired) => "already_fired",
+                Ok(Outcome::NotFound) => "not_found",
+                _ => "unknown",
+            },
+            r.applied_index,
+        ),
+        Err(_) => ("unknown", 0),
+    };
+    rec.record(&Op {
+        op: "cancel".into(),
+        id,
+        fire_at_ms: 0,
+        invoke_ms,
+        complete_ms,
+        outcome: outcome.into(),
+        applied_index,
+        error,
+    });
+}
+
+fn request(id: String, fire_at_ms: u64, url: &str) -> pb::CreateTimerRequest {
+    let mut r = tocsin_client::webhook_timer(NAMESPACE, &id, 0, url);
+    r.fire_time = Some(pb::create_timer_request::FireTime::FireAtMs(fire_at_ms));
+    r.payload = vec![b'p'; 64].into();
+    r.retry =
+        Some(pb::RetryPolicy { max_attempts: 50, initial_backoff_ms: 200, max_backoff_ms: 2_000, give_up_after_ms: 0 });
+    r
+}
+
+/// Steady load until `stop`: `rate` creates per second, due 1–10 s ahead;
+/// a random `cancel_fraction` of them cancelled about half a second later.
+pub async fn steady(
+    client: Client,
+    rec: Recorder,
+    url: String,
+    rate: u64,
+    cancel_fraction: f64,
+    stop: Arc<AtomicBool>,
+    tag: &str,
+) {
+    let mut ticker = tokio::time::interval(Duration::from_millis(100));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
+    let per_tick = (rate / 10).max(1);
+    let mut n = 0u64;
+    let mut tasks = tokio::task::JoinSet::new();
+    while !stop.load(Ordering::Relaxed) {
+        ticker.tick().await;
+        let now = now_ms();
+        let reqs: Vec<pb::CreateTimerRequest> = (0..per_tick)
+            .map(|i| {
+                let id = format!("{tag}-{}", n + i);
+                request(id, now + 1_000 + rand::random::<u64>() % 9_000, &url)
+            })
+            .collect();
+        n += per_tick;
+        let (client, rec) = (client.clone(), rec.clone());
+        tasks.spawn(async move {
+            let ok = create_batch(&client, &rec, reqs).await;
+            let to_cancel: Vec<String> = ok.into_iter().filter(|_| rand::random::<f64>() < cancel_fraction).collect();
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            futures::future::join_all(to_cancel.into_iter().map(|id| cancel(&client, &rec, id))).await;
+        });
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+    rec.flush();
+}
+
+/// Creates `count` timers due uniformly within `[lead, lead + window)` from
+/// now, as fast as the cluster takes them.
+pub async fn burst(client: &Client, rec: &Recorder, url: &str, count: u64, lead_ms: u64, window_ms: u64, tag: &str) {
+    use futures::StreamExt;
+    let base = now_ms() + lead_ms;
+    let chunks: Vec<Vec<pb::CreateTimerRequest>> = (0..count)
+        .map(|i| request(format!("{tag}-{i}"), base + i * window_ms / count.max(1), url))
+        .collect::<Vec<_>>()
+        .chunks(500)
+        .map(<[_]>::to_vec)
+        .collect();
+    futures::stream::iter(chunks)
+        .map(|chunk| create_batch(client, rec, chunk))
+        .buffer_unordered(8)
+        .collect::<Vec<_>>()
+        .await;
+    rec.flush();
+}
