@@ -30,6 +30,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::RwLock;
 use std::time::Duration;
+use std::time::Instant;
 
 use prost::Message;
 use tocsin_proto::v1 as pb;
@@ -64,7 +65,16 @@ impl ClientError {
 
     fn from_status(status: tonic::Status) -> ClientError {
         let info = pb::ErrorInfo::decode(status.details()).unwrap_or_default();
-        ClientError::Status { code: status.code(), message: status.message().to_string(), info }
+        // tonic reports the channel's own deadline as CANCELLED "Timeout
+        // expired", and a connection lost mid-call as UNKNOWN "transport
+        // error"; both mean "no answer, outcome unknown", which every
+        // operation here may retry (creates and cancels are idempotent).
+        let code = match status.code() {
+            tonic::Code::Cancelled if status.message().contains("Timeout expired") => tonic::Code::DeadlineExceeded,
+            tonic::Code::Unknown if status.message().contains("transport error") => tonic::Code::Unavailable,
+            code => code,
+        };
+        ClientError::Status { code, message: status.message().to_string(), info }
     }
 
     /// Whether retrying the same request may succeed.
@@ -126,7 +136,17 @@ struct Inner {
     options: ClientOptions,
     route: RwLock<Option<Route>>,
     channels: Mutex<HashMap<String, Channel>>,
+    /// Nodes that just failed to answer, until when they are avoided: a
+    /// frozen or partitioned node costs one timeout, not one per request.
+    suspects: Mutex<HashMap<String, Instant>>,
 }
+
+/// How long a node that failed to answer is avoided.
+const SUSPECT_FOR: Duration = Duration::from_secs(3);
+
+/// After the first node answers a map refresh, how long to wait for the
+/// others (their maps may know newer leaders).
+const REFRESH_GRACE: Duration = Duration::from_millis(30);
 
 /// A create request for a webhook timer firing after `delay_ms`.
 pub fn webhook_timer(namespace: &str, id: &str, delay_ms: u64, url: &str) -> pb::CreateTimerRequest {
@@ -166,7 +186,13 @@ impl Client {
             return Err(ClientError::Argument("give at least one node address".into()));
         }
         let client = Client {
-            inner: Arc::new(Inner { seeds, options, route: RwLock::new(None), channels: Mutex::new(HashMap::new()) }),
+            inner: Arc::new(Inner {
+                seeds,
+                options,
+                route: RwLock::new(None),
+                channels: Mutex::new(HashMap::new()),
+                suspects: Mutex::new(HashMap::new()),
+            }),
         };
         client.refresh().await?;
         Ok(client)
@@ -189,24 +215,73 @@ impl Client {
 
     /// Reloads the shard map from the first node that answers.
     pub async fn refresh(&self) -> Result<pb::ShardMap, ClientError> {
-        let mut last = String::new();
+        use futures::StreamExt;
         let mut candidates: Vec<String> = self.inner.seeds.clone();
         if let Some(route) = self.inner.route.read().expect("route lock").as_ref() {
             candidates.extend(route.addrs.values().cloned());
         }
+        candidates.sort();
         candidates.dedup();
-        for addr in candidates {
-            let mut admin = AdminServiceClient::new(self.channel(&addr)?);
-            match admin.get_shard_map(pb::GetShardMapRequest {}).await {
-                Ok(map) => {
+        // Ask every node at once: a frozen node must not hold the refresh
+        // up, and each answer is merged by term, so the newest leader wins.
+        let mut asks: futures::stream::FuturesUnordered<_> = candidates
+            .into_iter()
+            .filter_map(|addr| {
+                let channel = self.channel(&addr).ok()?;
+                let timeout = self.inner.options.request_timeout;
+                Some(async move {
+                    let mut admin = AdminServiceClient::new(channel);
+                    let answer = tokio::time::timeout(timeout, admin.get_shard_map(pb::GetShardMapRequest {})).await;
+                    (addr, answer)
+                })
+            })
+            .collect();
+        let mut best: Option<pb::ShardMap> = None;
+        let mut last = String::from("no node to ask");
+        let mut grace_until: Option<tokio::time::Instant> = None;
+        loop {
+            let next = match grace_until {
+                Some(until) => match tokio::time::timeout_at(until, asks.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+                None => asks.next().await,
+            };
+            let Some((addr, answer)) = next else { break };
+            match answer {
+                Ok(Ok(map)) => {
                     let map = map.into_inner();
                     self.install(&map);
-                    return Ok(map);
+                    if best.as_ref().is_none_or(|b| map.epoch >= b.epoch) {
+                        best = Some(map);
+                    }
+                    grace_until.get_or_insert_with(|| tokio::time::Instant::now() + REFRESH_GRACE);
                 }
-                Err(e) => last = format!("{addr}: {e}"),
+                Ok(Err(e)) => last = format!("{addr}: {e}"),
+                Err(_) => {
+                    self.suspect(&addr);
+                    last = format!("{addr}: no answer within {:?}", self.inner.options.request_timeout);
+                }
             }
         }
-        Err(ClientError::Unreachable(last))
+        best.ok_or(ClientError::Unreachable(last))
+    }
+
+    /// Avoids `addr` for a while after it failed to answer.
+    fn suspect(&self, addr: &str) {
+        self.inner.suspects.lock().expect("suspects lock").insert(addr.to_string(), Instant::now() + SUSPECT_FOR);
+    }
+
+    fn is_suspect(&self, addr: &str) -> bool {
+        let mut suspects = self.inner.suspects.lock().expect("suspects lock");
+        match suspects.get(addr) {
+            Some(until) if *until > Instant::now() => true,
+            Some(_) => {
+                suspects.remove(addr);
+                false
+            }
+            None => false,
+        }
     }
 
     /// Installs a freshly loaded map. Per shard, a leader learned in a lower
@@ -256,7 +331,8 @@ impl Client {
         tocsin_core::routing::shard_for(namespace, id, self.num_shards().max(1))
     }
 
-    /// Where to send a request for `shard`: its leader, or any node.
+    /// Where to send a request for `shard`: its leader, or any node,
+    /// avoiding nodes that just failed to answer while others remain.
     fn addr_for(&self, shard: Option<u32>, attempt: u32) -> Result<String, ClientError> {
         let route = self.inner.route.read().expect("route lock");
         let Some(route) = route.as_ref() else {
@@ -264,14 +340,18 @@ impl Client {
         };
         if let Some(shard) = shard
             && let Some(addr) = route.leaders.get(shard as usize).and_then(|l| route.addrs.get(l))
+            && !self.is_suspect(addr)
         {
             return Ok(addr.clone());
         }
-        let all: Vec<&String> = route.addrs.values().collect();
+        let mut all: Vec<&String> = route.addrs.values().collect();
         if all.is_empty() {
             return Ok(self.inner.seeds[attempt as usize % self.inner.seeds.len()].clone());
         }
-        Ok(all[attempt as usize % all.len()].clone())
+        all.sort();
+        let healthy: Vec<&String> = all.iter().copied().filter(|a| !self.is_suspect(a)).collect();
+        let pool = if healthy.is_empty() { &all } else { &healthy };
+        Ok(pool[attempt as usize % pool.len()].clone())
     }
 
     /// Learns from an error: a leader hint updates the cached leader.
@@ -328,6 +408,12 @@ impl Client {
                     if !err.retryable() {
                         return Err(err);
                     }
+                    if err.code() == tonic::Code::DeadlineExceeded
+                        || (err.code() == tonic::Code::Unavailable
+                            && matches!(&err, ClientError::Status { info, .. } if info.leader.is_none()))
+                    {
+                        self.suspect(&addr);
+                    }
                     // A fresh hint means retry now; otherwise try elsewhere,
                     // refresh and back off.
                     if !self.learn(shard, &err) {
@@ -349,6 +435,7 @@ impl Client {
                         message: format!("no answer from {addr} within {:?}", self.inner.options.request_timeout),
                         info: pb::ErrorInfo::default(),
                     };
+                    self.suspect(&addr);
                     self.forget_leader(shard);
                     tokio::time::sleep(self.backoff(attempt)).await;
                     let _ = self.refresh().await;
@@ -634,5 +721,25 @@ fn code_from_name(name: &str) -> tonic::Code {
         "UNAVAILABLE" => tonic::Code::Unavailable,
         "DEADLINE_EXCEEDED" => tonic::Code::DeadlineExceeded,
         _ => tonic::Code::Internal,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_answer_is_retryable_but_a_real_cancel_is_not() {
+        // What tonic's channel timeout and a dropped connection look like.
+        let timed_out = ClientError::from_status(tonic::Status::cancelled("Timeout expired"));
+        assert_eq!(timed_out.code(), tonic::Code::DeadlineExceeded);
+        assert!(timed_out.retryable());
+        let dropped = ClientError::from_status(tonic::Status::unknown("transport error"));
+        assert!(dropped.retryable());
+        // A server-side verdict is passed through untouched.
+        let cancelled = ClientError::from_status(tonic::Status::cancelled("client went away"));
+        assert_eq!(cancelled.code(), tonic::Code::Cancelled);
+        assert!(!cancelled.retryable());
+        assert!(!ClientError::from_status(tonic::Status::invalid_argument("bad id")).retryable());
     }
 }
