@@ -97,6 +97,10 @@ pub struct Report {
     pub duplicates: usize,
     /// I6.
     pub early: usize,
+    /// Acknowledged creates whose timer the leader created after its fire
+    /// time (the create itself was slowed by the fault); their lateness
+    /// counts from creation.
+    pub created_overdue: usize,
     /// I5.
     pub lateness: Percentiles,
     pub lateness_fault_window: Percentiles,
@@ -154,11 +158,16 @@ pub fn check(ops_path: &Path, deliveries_path: &Path, fault: Option<(u64, u64)>)
     let deliveries: Vec<Delivery> = read_lines(deliveries_path)?;
     let mut report = Report::default();
 
+    // Each acknowledged timer's due time: its fire time, or its creation if
+    // that came later (a timer cannot fire before it exists).
     let mut created: HashMap<&str, u64> = HashMap::new();
     let mut unknown_create: Vec<&str> = Vec::new();
     for op in ops.iter().filter(|o| o.op == "create") {
         if op.outcome == "ok" {
-            created.insert(&op.id, op.fire_at_ms);
+            if op.created_at_ms > op.fire_at_ms {
+                report.created_overdue += 1;
+            }
+            created.insert(&op.id, op.fire_at_ms.max(op.created_at_ms));
         } else {
             unknown_create.push(&op.id);
         }
@@ -202,7 +211,7 @@ pub fn check(ops_path: &Path, deliveries_path: &Path, fault: Option<(u64, u64)>)
 
     let mut lateness = Vec::new();
     let mut window = Vec::new();
-    for (id, fire_at) in &created {
+    for (id, due_ms) in &created {
         let fate = cancel.get(id).map(|c| c.outcome.as_str());
         let must = matches!(fate, None | Some("already_fired"));
         if must {
@@ -210,11 +219,11 @@ pub fn check(ops_path: &Path, deliveries_path: &Path, fault: Option<(u64, u64)>)
         }
         match first_accepted.get(id) {
             Some(d) => {
-                let late = d.recv_ms.saturating_sub(*fire_at);
+                let late = d.recv_ms.saturating_sub(*due_ms);
                 lateness.push(late);
                 if let Some((start, end)) = fault
-                    && *fire_at + 1_000 >= start
-                    && *fire_at <= end + 10_000
+                    && *due_ms + 1_000 >= start
+                    && *due_ms <= end + 10_000
                 {
                     window.push(late);
                 }
@@ -284,6 +293,43 @@ mod tests {
             attempt_index,
             fire_at_ms: 0,
         }
+    }
+
+    #[test]
+    fn lateness_counts_from_creation_when_the_create_came_after_the_fire_time() {
+        let dir = std::env::temp_dir().join(format!("tocsin-check-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ops, dels) = (dir.join("ops.ndjson"), dir.join("deliveries.ndjson"));
+        // "a" is on time-ish (30 ms late); "b" was created 2 s after its fire
+        // time and delivered 40 ms after creation; "c" was acknowledged and
+        // never delivered.
+        std::fs::write(
+            &ops,
+            concat!(
+                r#"{"op":"create","id":"a","fire_at_ms":1000,"invoke_ms":0,"complete_ms":1,"outcome":"ok","created_at_ms":1}"#,
+                "\n",
+                r#"{"op":"create","id":"b","fire_at_ms":1000,"invoke_ms":0,"complete_ms":3001,"outcome":"ok","created_at_ms":3000}"#,
+                "\n",
+                r#"{"op":"create","id":"c","fire_at_ms":1000,"invoke_ms":0,"complete_ms":1,"outcome":"ok","created_at_ms":1}"#,
+                "\n",
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            &dels,
+            concat!(
+                r#"{"recv_ms":1030,"verdict":"accepted","id":"a","shard":0,"epoch":1,"fire_id":"f1","attempt_index":5,"fire_at_ms":1000}"#,
+                "\n",
+                r#"{"recv_ms":3040,"verdict":"accepted","id":"b","shard":0,"epoch":1,"fire_id":"f2","attempt_index":6,"fire_at_ms":1000}"#,
+                "\n",
+            ),
+        )
+        .unwrap();
+        let r = check(&ops, &dels, None).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!((r.must_fire, r.lost, r.created_overdue, r.early), (3, 1, 1, 0));
+        assert_eq!(r.lateness.max_ms, 40);
+        assert!(!r.failures(1_000).is_empty(), "a lost timer fails the run");
     }
 
     #[test]

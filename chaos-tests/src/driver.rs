@@ -41,6 +41,11 @@ pub struct Op {
     /// For a cancel: the log index it was applied at.
     #[serde(default)]
     pub applied_index: u64,
+    /// For an acknowledged create: when the leader created the timer (its
+    /// own clock, stamped into the log). A timer created after its fire time
+    /// is due at creation, not before.
+    #[serde(default)]
+    pub created_at_ms: u64,
     /// Why the outcome is unknown.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub error: String,
@@ -98,14 +103,14 @@ async fn create_batch(client: &Client, rec: &Recorder, reqs: Vec<pb::CreateTimer
             Some(pb::create_timer_request::FireTime::FireAtMs(at)) => at,
             _ => 0,
         };
-        let (outcome, error) = match &res {
-            Ok(_) => {
+        let (outcome, error, created_at_ms) = match &res {
+            Ok(resp) => {
                 ok.push(req.id.clone());
-                ("ok", String::new())
+                ("ok", String::new(), resp.timer.as_ref().map_or(0, |t| t.created_at_ms))
             }
             Err(e) => {
                 rec.failures.fetch_add(1, Ordering::Relaxed);
-                ("unknown", e.to_string())
+                ("unknown", e.to_string(), 0)
             }
         };
         rec.creates.fetch_add(1, Ordering::Relaxed);
@@ -117,6 +122,7 @@ async fn create_batch(client: &Client, rec: &Recorder, reqs: Vec<pb::CreateTimer
             complete_ms,
             outcome: outcome.into(),
             applied_index: 0,
+            created_at_ms,
             error,
         });
     }
@@ -150,6 +156,7 @@ async fn cancel(client: &Client, rec: &Recorder, id: String) {
         complete_ms,
         outcome: outcome.into(),
         applied_index,
+        created_at_ms: 0,
         error,
     });
 }

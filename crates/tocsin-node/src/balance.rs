@@ -3,9 +3,9 @@
 //! Every node computes the same preferred leader per shard
 //! (`tocsin_core::routing::spread_leaders` over the ring's replica lists).
 //! A node leading a shard whose preferred leader is another healthy, caught
-//! up voter hands the leadership over, one shard at a time and not more
-//! often than the cooldown allows, so a node that restarts gets its share
-//! back once it has caught up, and nothing flaps.
+//! up voter hands the leadership over, a few shards per round and each not
+//! more often than the cooldown allows, so a node that restarts gets its
+//! share back once it has caught up, and nothing flaps.
 //!
 //! Handing over is also how a node shuts down gracefully:
 //! [`hand_over_all`] moves every leadership it holds to the best other
@@ -27,6 +27,13 @@ use crate::shard::ShardCtx;
 const COOLDOWN: Duration = Duration::from_secs(10);
 /// How far behind (in entries) a voter may be and still take leadership.
 const MAX_LAG: u64 = 64;
+/// How often the balancer looks, and how many leaderships it moves per
+/// look. A handover costs the shard one epoch entry and a wheel rebuild on
+/// the new leader (milliseconds), so a fresh cluster, where the first node
+/// up wins most elections, is spread within a few seconds; a small batch
+/// keeps the rebuilds from landing on the nodes all at once.
+const ROUND: Duration = Duration::from_secs(1);
+const MOVES_PER_ROUND: usize = 3;
 
 /// Voters of `ctx`'s group that acknowledged a heartbeat recently and whose
 /// log matches this leader's to within [`MAX_LAG`] entries.
@@ -56,10 +63,11 @@ pub async fn run(node: Arc<NodeState>) {
     let preferred = preferred_leaders(&node);
     let mut last_move: BTreeMap<ShardId, Instant> = BTreeMap::new();
     loop {
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        tokio::time::sleep(ROUND).await;
         if node.shutting_down() {
             return;
         }
+        let mut moves = 0;
         for ctx in node.shards.iter().flatten() {
             if ctx.epoch().is_none() {
                 continue;
@@ -74,8 +82,10 @@ pub async fn run(node: Arc<NodeState>) {
             tracing::info!(shard = ctx.shard, to = want, "handing leadership to the preferred node");
             last_move.insert(ctx.shard, Instant::now());
             let _ = ctx.raft.trigger().transfer_leader(want).await;
-            // One move per round keeps changes gradual.
-            break;
+            moves += 1;
+            if moves == MOVES_PER_ROUND {
+                break;
+            }
         }
     }
 }
