@@ -95,6 +95,10 @@ pub enum BenchCommand {
         /// Address the embedded sink listens on (the node must reach it).
         #[arg(long, default_value = "127.0.0.1:0")]
         sink: String,
+        /// The `host:port` nodes should call back, when it differs from the
+        /// listen address (a container name, say).
+        #[arg(long)]
+        sink_advertise: Option<String>,
     },
     /// Memory and restart time with many pending timers: starts its own
     /// node, preloads `pending` timers due in 1-7 days, reports the node's
@@ -170,8 +174,8 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Create { common, total, batch, concurrency, delay_ms, spread_ms, topic } => {
             create(common, total, batch, concurrency, delay_ms, spread_ms, topic).await
         }
-        BenchCommand::Fire { common, rate, seconds, delay_ms, cancel_fraction, sink } => {
-            fire(common, rate, seconds, delay_ms, cancel_fraction, sink).await
+        BenchCommand::Fire { common, rate, seconds, delay_ms, cancel_fraction, sink, sink_advertise } => {
+            fire(common, rate, seconds, delay_ms, cancel_fraction, sink, sink_advertise).await
         }
         BenchCommand::Burst { common, count, lead_ms, topic, max_batch } => {
             burst(common, count, lead_ms, topic, max_batch).await
@@ -276,6 +280,7 @@ async fn fire(
     delay_ms: u64,
     cancel_fraction: f64,
     sink_addr: String,
+    sink_advertise: Option<String>,
 ) -> anyhow::Result<ExitCode> {
     let client = Client::connect(common.addrs.clone()).await.context("connecting")?;
     let run = common.run_id();
@@ -299,7 +304,10 @@ async fn fire(
     });
     let fence = Arc::new(Mutex::new(sink::Fence::new(None, Box::new(std::io::sink()), Some(tap))));
     let listener = tokio::net::TcpListener::bind(&sink_addr).await?;
-    let url = format!("http://{}/hook", listener.local_addr()?);
+    let url = match sink_advertise {
+        Some(advertised) => format!("http://{advertised}/hook"),
+        None => format!("http://{}/hook", listener.local_addr()?),
+    };
     tokio::spawn(async move {
         axum::serve(
             listener.tap_io(|tcp| {
@@ -315,8 +323,10 @@ async fn fire(
     let cancelled = Arc::new(Mutex::new(std::collections::HashSet::new()));
     let created = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
-    let per_tick = (rate / 100).max(1);
-    let mut ticker = tokio::time::interval(Duration::from_millis(10));
+    // Ticks of 10 ms, or longer below 100/s, so low rates are honoured.
+    let tick_ms = if rate >= 100 { 10 } else { 1_000 / rate.max(1) };
+    let per_tick = (rate * tick_ms / 1_000).max(1);
+    let mut ticker = tokio::time::interval(Duration::from_millis(tick_ms));
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Burst);
     let mut i = 0u64;
     let mut tasks = Vec::new();

@@ -27,8 +27,12 @@ pub struct ServeArgs {
     #[arg(long, short)]
     config: Option<PathBuf>,
     /// Overrides `node_id`.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "node_id_from_hostname")]
     node_id: Option<u64>,
+    /// Takes the node id from the host name's trailing ordinal plus one
+    /// (`tocsin-0` is node 1): a Kubernetes StatefulSet's stable identity.
+    #[arg(long)]
+    node_id_from_hostname: bool,
     /// Overrides `data_dir`.
     #[arg(long)]
     data: Option<PathBuf>,
@@ -118,10 +122,25 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     .await
 }
 
+fn hostname() -> std::io::Result<String> {
+    Ok(std::fs::read_to_string("/proc/sys/kernel/hostname")?.trim().to_string())
+}
+
+/// `tocsin-2` → 3: StatefulSet ordinals start at 0, node ids at 1.
+fn node_id_from_hostname(host: &str) -> Option<u64> {
+    let (_, ordinal) = host.rsplit_once('-')?;
+    ordinal.parse::<u64>().ok()?.checked_add(1)
+}
+
 pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let mut config = NodeConfig::load(args.config.as_deref(), std::env::vars()).context("loading the config")?;
     if let Some(v) = args.node_id {
         config.node_id = v;
+    }
+    if args.node_id_from_hostname {
+        let host = hostname().context("reading the host name")?;
+        config.node_id =
+            node_id_from_hostname(&host).with_context(|| format!("host name {host:?} does not end in -<ordinal>"))?;
     }
     if let Some(v) = args.data {
         config.data_dir = v;
@@ -150,4 +169,17 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         println!("ready grpc={} http={}", node.grpc_addr, node.http_addr);
     })
     .await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statefulset_ordinals_become_node_ids() {
+        assert_eq!(node_id_from_hostname("tocsin-0"), Some(1));
+        assert_eq!(node_id_from_hostname("my-tocsin-12"), Some(13));
+        assert_eq!(node_id_from_hostname("tocsin"), None);
+        assert_eq!(node_id_from_hostname("tocsin-x"), None);
+    }
 }

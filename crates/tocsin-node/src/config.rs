@@ -282,12 +282,30 @@ impl NodeConfig {
         self.initial_members().map(|_| ())
     }
 
+    /// The gRPC address peers and clients use: `grpc_advertise`, else this
+    /// node's own entry in `initial_cluster`, else the listen address.
     pub fn grpc_advertise(&self) -> String {
-        self.grpc_advertise.clone().unwrap_or_else(|| self.grpc_listen.clone())
+        self.grpc_advertise
+            .clone()
+            .or_else(|| self.own_initial_entry().map(|(g, _)| g))
+            .unwrap_or_else(|| self.grpc_listen.clone())
     }
 
+    /// The HTTP address forwarded requests use, found like [`Self::grpc_advertise`].
     pub fn http_advertise(&self) -> String {
-        self.http_advertise.clone().unwrap_or_else(|| self.http_listen.clone())
+        self.http_advertise
+            .clone()
+            .or_else(|| self.own_initial_entry().map(|(_, h)| h).filter(|h| !h.is_empty()))
+            .unwrap_or_else(|| self.http_listen.clone())
+    }
+
+    /// This node's `(grpc, http)` in `initial_cluster`, if it is listed.
+    fn own_initial_entry(&self) -> Option<(String, String)> {
+        if self.initial_cluster.is_empty() {
+            return None;
+        }
+        let members = self.initial_members().ok()?;
+        members.into_iter().find(|m| m.0 == self.node_id).map(|(_, g, h)| (g, h))
     }
 
     /// The initial voters: `(id, grpc address, http address)`.
@@ -369,6 +387,8 @@ mod tests {
         assert_eq!(c.limits.max_payload_bytes, 1000);
         assert_eq!(c.grpc_listen, "0.0.0.0:9000");
         assert_eq!(c.initial_members().unwrap()[1], (3, "c:3".to_string(), "c:4".to_string()));
+        // With no advertise address, the node's own entry is what it advertises.
+        assert_eq!((c.grpc_advertise(), c.http_advertise()), ("c:3".to_string(), "c:4".to_string()));
     }
 
     #[test]
