@@ -170,12 +170,17 @@ impl Node {
         let http_addr = http_listener
             .local_addr()
             .map_err(|source| StartError::Bind { addr: config.http_listen.clone(), source })?;
+        // Without an explicit advertise address a node advertises its own
+        // `initial_cluster` entry, or else the address it actually bound
+        // (which resolves a `:0` listen port).
         let mut config = config;
         if config.grpc_advertise.is_none() {
-            config.grpc_advertise = Some(grpc_addr.to_string());
+            let own = config.grpc_advertise();
+            config.grpc_advertise = Some(if own == config.grpc_listen { grpc_addr.to_string() } else { own });
         }
         if config.http_advertise.is_none() {
-            config.http_advertise = Some(http_addr.to_string());
+            let own = config.http_advertise();
+            config.http_advertise = Some(if own == config.http_listen { http_addr.to_string() } else { own });
         }
         let config = Arc::new(config);
         let node_id = config.node_id;
