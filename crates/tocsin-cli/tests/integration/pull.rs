@@ -79,8 +79,17 @@ async fn unacked_reservations_are_redelivered_after_ttr() {
             assert!(results.iter().all(|r| r.status == pb::ack_result::Status::Ok as i32), "{results:?}");
         }
     }
-    assert_eq!(got.len(), 200, "every timer came back to consumer B");
-    assert!(got.values().all(|(attempt, _)| *attempt == 2));
+    assert_eq!(
+        got.len(),
+        200,
+        "every timer came back to consumer B (waited {} ms after A left)",
+        now_ms().saturating_sub(reserved_at)
+    );
+    assert!(
+        got.values().all(|(attempt, _)| *attempt == 2),
+        "attempts: {:?}",
+        got.values().map(|(a, _)| *a).collect::<std::collections::BTreeSet<_>>()
+    );
     let first_redelivery = got.values().map(|(_, t)| *t).min().unwrap();
     assert!(first_redelivery >= reserved_at + 900, "redelivered only after the time-to-run");
 

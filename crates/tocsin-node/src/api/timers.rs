@@ -496,10 +496,17 @@ impl pb::timer_service_server::TimerService for TimerApi {
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         {
             let tx = tx.clone();
+            // Watch the consumer too, not only the batches: dropping `local`
+            // as soon as the consumer leaves is what stops this node from
+            // reserving more timers for a consumer that is gone.
             tokio::spawn(async move {
-                while let Some(batch) = local.recv().await {
-                    if tx.send(batch).await.is_err() {
-                        return;
+                loop {
+                    tokio::select! {
+                        batch = local.recv() => match batch {
+                            Some(batch) => if tx.send(batch).await.is_err() { return },
+                            None => return,
+                        },
+                        _ = tx.closed() => return,
                     }
                 }
             });
