@@ -9,7 +9,7 @@
 //! | CF | key | value |
 //! |----|-----|-------|
 //! | `raft_log` | group · index | `Entry` |
-//! | `raft_meta` | group · tag (vote, committed, last purged) | `Vote` / `LogId` |
+//! | `raft_meta` | group · tag (vote, committed, last purged); node group · hosted | `Vote` / `LogId` / group ids |
 //! | `timers` | group · timer key | `TimerRecord` |
 //! | `due` | group · due_ms · timer key | empty |
 //! | `retention` | group · purge_after_ms · timer key | empty |
@@ -43,11 +43,16 @@ pub type GroupId = u64;
 /// The cluster metadata group's id, above every shard's.
 pub const META_GROUP: GroupId = 1 << 32;
 
+/// Not a Raft group: the key space of node-level facts (the hosted set).
+pub const NODE_GROUP: GroupId = META_GROUP + 1;
+
 /// Tags under `raft_meta`.
 pub mod raft_meta {
     pub const VOTE: u8 = 1;
     pub const COMMITTED: u8 = 2;
     pub const LAST_PURGED: u8 = 3;
+    /// Under [`super::NODE_GROUP`]: the groups this node hosts.
+    pub const HOSTED: u8 = 4;
 }
 
 /// Tags under `sm_meta`.

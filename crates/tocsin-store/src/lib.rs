@@ -9,7 +9,8 @@
 //! - [`state_machine`]: [`StateMachine`], openraft's `RaftStateMachine`
 //!   for one group, applying `tocsin-core`'s rules;
 //! - [`snapshot`]: streamed snapshot files and their atomic install;
-//! - [`read`]: the queries a node runs (get, list, fire-time scans, horizon).
+//! - [`read`]: the queries a node runs (get, list, fire-time scans, horizon);
+//! - [`hosting`]: the persisted set of hosted groups, and dropping a group.
 //!
 //! The durability contract (see `docs/storage.md`): a vote is synced before
 //! `save_vote` returns; the append callback runs only after the WAL sync
@@ -19,6 +20,7 @@
 
 pub mod codec;
 pub mod db;
+pub mod hosting;
 pub mod keys;
 pub mod log_store;
 pub mod read;
