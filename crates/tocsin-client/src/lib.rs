@@ -149,6 +149,23 @@ const SUSPECT_FOR: Duration = Duration::from_secs(3);
 const REFRESH_GRACE: Duration = Duration::from_millis(30);
 
 /// A create request for a webhook timer firing after `delay_ms`.
+/// A long-running cluster operation, run by [`Client::admin_op`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum AdminOp {
+    /// Add the node listening at `grpc_addr`; it must be running, started
+    /// with `--join`.
+    AddNode { grpc_addr: String, http_addr: String },
+    /// Drain a live node (every replica and leadership moves off), then
+    /// remove it.
+    RemoveNode { node_id: u64 },
+    /// Replace a dead node's replicas from the survivors.
+    DecommissionNode { node_id: u64 },
+    /// Move one replica of `shard` from one node to another.
+    MoveShard { shard: u32, from_node: u64, to_node: u64 },
+    /// Place every shard as the ring over the current nodes says.
+    Rebalance { dry_run: bool },
+}
+
 pub fn webhook_timer(namespace: &str, id: &str, delay_ms: u64, url: &str) -> pb::CreateTimerRequest {
     pb::CreateTimerRequest {
         namespace: namespace.into(),
@@ -213,7 +230,8 @@ impl Client {
         Ok(channel)
     }
 
-    /// Reloads the shard map from the first node that answers.
+    /// Reloads the shard map from every node that answers within a short
+    /// grace period after the first, merged (see [`merge_map`]).
     pub async fn refresh(&self) -> Result<pb::ShardMap, ClientError> {
         use futures::StreamExt;
         let mut candidates: Vec<String> = self.inner.seeds.clone();
@@ -252,9 +270,7 @@ impl Client {
                 Ok(Ok(map)) => {
                     let map = map.into_inner();
                     self.install(&map);
-                    if best.as_ref().is_none_or(|b| map.epoch >= b.epoch) {
-                        best = Some(map);
-                    }
+                    merge_map(&mut best, map);
                     grace_until.get_or_insert_with(|| tokio::time::Instant::now() + REFRESH_GRACE);
                 }
                 Ok(Err(e)) => last = format!("{addr}: {e}"),
@@ -696,6 +712,52 @@ impl Client {
         Ok(resp.leader)
     }
 
+    /// Starts a cluster operation on the first seed that answers and
+    /// returns its progress stream. The operation runs on that node to the
+    /// end even if the stream is dropped; re-running it is safe.
+    pub async fn admin_op(&self, op: AdminOp) -> Result<tonic::Streaming<pb::Progress>, ClientError> {
+        let mut last = ClientError::Unreachable("no seed given".into());
+        for addr in self.inner.seeds.iter() {
+            // No request timeout: catching a replica up may take minutes.
+            let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+                .map_err(|e| ClientError::Argument(format!("bad address {addr}: {e}")))?
+                .connect_timeout(self.inner.options.connect_timeout)
+                .tcp_nodelay(true);
+            let channel = match endpoint.connect().await {
+                Ok(c) => c,
+                Err(e) => {
+                    last = ClientError::Unreachable(format!("{addr}: {e}"));
+                    continue;
+                }
+            };
+            let mut admin = AdminServiceClient::new(channel);
+            let result = match op.clone() {
+                AdminOp::AddNode { grpc_addr, http_addr } => {
+                    admin.add_node(pb::AddNodeRequest { grpc_addr, http_addr }).await
+                }
+                AdminOp::RemoveNode { node_id } => admin.remove_node(pb::RemoveNodeRequest { node_id }).await,
+                AdminOp::DecommissionNode { node_id } => {
+                    admin.decommission_node(pb::DecommissionNodeRequest { node_id }).await
+                }
+                AdminOp::MoveShard { shard, from_node, to_node } => {
+                    admin.move_shard(pb::MoveShardRequest { shard, from_node, to_node }).await
+                }
+                AdminOp::Rebalance { dry_run } => admin.rebalance(pb::RebalanceRequest { dry_run }).await,
+            };
+            match result {
+                Ok(stream) => return Ok(stream.into_inner()),
+                Err(status) => {
+                    let err = ClientError::from_status(status);
+                    if !err.retryable() {
+                        return Err(err);
+                    }
+                    last = err;
+                }
+            }
+        }
+        Err(last)
+    }
+
     /// Cluster info from any node; with `digests`, each of that node's
     /// replicas also reports a digest of its timers (slow on big shards).
     pub async fn cluster_with(&self, digests: bool) -> Result<pb::ClusterInfo, ClientError> {
@@ -709,6 +771,40 @@ impl Client {
         }
         Err(ClientError::Unreachable(last))
     }
+}
+
+/// Folds one node's shard map into `into`. A node reports only the shards
+/// it hosts, so the whole map is the union: per shard, the voters of the
+/// newest membership (`shard_epoch`, the membership's log index) and the
+/// leader learned in the highest term; nodes are united.
+pub fn merge_map(into: &mut Option<pb::ShardMap>, map: pb::ShardMap) {
+    let Some(m) = into.as_mut() else {
+        *into = Some(map);
+        return;
+    };
+    m.epoch = m.epoch.max(map.epoch);
+    for n in map.nodes {
+        if !m.nodes.iter().any(|x| x.node_id == n.node_id) {
+            m.nodes.push(n);
+        }
+    }
+    m.nodes.sort_by_key(|n| n.node_id);
+    for p in map.shards {
+        match m.shards.iter_mut().find(|x| x.shard == p.shard) {
+            None => m.shards.push(p),
+            Some(x) => {
+                if p.shard_epoch > x.shard_epoch {
+                    x.replicas = p.replicas.clone();
+                    x.shard_epoch = p.shard_epoch;
+                }
+                if p.leader != 0 && (p.term > x.term || x.leader == 0) {
+                    x.leader = p.leader;
+                    x.term = p.term;
+                }
+            }
+        }
+    }
+    m.shards.sort_by_key(|s| s.shard);
 }
 
 fn code_from_name(name: &str) -> tonic::Code {
@@ -727,6 +823,42 @@ fn code_from_name(name: &str) -> tonic::Code {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn merged_maps_take_the_newest_voters_and_the_highest_term_leader() {
+        let placement = |shard, replicas: &[u64], leader, shard_epoch, term| pb::ShardPlacement {
+            shard,
+            replicas: replicas.to_vec(),
+            leader,
+            shard_epoch,
+            term,
+        };
+        let node = |id| pb::NodeInfo { node_id: id, ..Default::default() };
+        let mut merged = None;
+        merge_map(
+            &mut merged,
+            pb::ShardMap {
+                num_shards: 3,
+                nodes: vec![node(1), node(2)],
+                shards: vec![placement(0, &[1, 2, 3], 1, 5, 2), placement(1, &[1, 2, 3], 2, 5, 2)],
+                ..Default::default()
+            },
+        );
+        merge_map(
+            &mut merged,
+            pb::ShardMap {
+                num_shards: 3,
+                nodes: vec![node(4)],
+                shards: vec![placement(0, &[1, 2, 4], 0, 9, 2), placement(2, &[2, 3, 4], 4, 3, 1)],
+                ..Default::default()
+            },
+        );
+        let m = merged.unwrap();
+        assert_eq!(m.nodes.iter().map(|n| n.node_id).collect::<Vec<_>>(), vec![1, 2, 4]);
+        assert_eq!(m.shards.iter().map(|s| s.shard).collect::<Vec<_>>(), vec![0, 1, 2]);
+        assert_eq!((m.shards[0].replicas.clone(), m.shards[0].leader), (vec![1, 2, 4], 1));
+        assert_eq!(m.shards[2].leader, 4);
+    }
 
     #[test]
     fn no_answer_is_retryable_but_a_real_cancel_is_not() {
