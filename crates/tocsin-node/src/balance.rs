@@ -34,6 +34,9 @@ const MAX_LAG: u64 = 64;
 /// keeps the rebuilds from landing on the nodes all at once.
 const ROUND: Duration = Duration::from_secs(1);
 const MOVES_PER_ROUND: usize = 3;
+/// How often a node that does not host every shard refreshes the others'
+/// voter sets.
+const REMOTE_REFRESH: Duration = Duration::from_secs(2);
 
 /// Voters of `ctx`'s group that acknowledged a heartbeat recently and whose
 /// log matches this leader's to within [`MAX_LAG`] entries.
@@ -60,15 +63,25 @@ pub fn healthy_voters(ctx: &ShardCtx) -> Vec<u64> {
 
 /// Runs the balancer until the node stops.
 pub async fn run(node: Arc<NodeState>) {
-    let preferred = preferred_leaders(&node);
     let mut last_move: BTreeMap<ShardId, Instant> = BTreeMap::new();
+    // Voter sets of the shards this node does not host, from the other
+    // nodes; only needed once the cluster has more nodes than replicas.
+    let mut remote: Option<(Instant, Vec<Vec<u64>>)> = None;
     loop {
         tokio::time::sleep(ROUND).await;
         if node.shutting_down() {
             return;
         }
+        let hosts_all = node.shards.ids().len() == node.config.num_shards as usize;
+        if !hosts_all && remote.as_ref().is_none_or(|(at, _)| at.elapsed() > REMOTE_REFRESH) {
+            let view = crate::view::gather(&node, Duration::from_secs(1)).await;
+            remote = Some((Instant::now(), view.shards.iter().map(|s| s.voters.clone()).collect()));
+            *node.remote_view.write().expect("view lock") = Some(view);
+        }
+        let preferred =
+            preferred_leaders(&node, if hosts_all { None } else { remote.as_ref().map(|r| r.1.as_slice()) });
         let mut moves = 0;
-        for ctx in node.shards.iter().flatten() {
+        for ctx in node.shards.all() {
             if ctx.epoch().is_none() {
                 continue;
             }
@@ -76,7 +89,7 @@ pub async fn run(node: Arc<NodeState>) {
             if want == node.node_id || last_move.get(&ctx.shard).is_some_and(|t| t.elapsed() < COOLDOWN) {
                 continue;
             }
-            if !healthy_voters(ctx).contains(&want) {
+            if !healthy_voters(&ctx).contains(&want) {
                 continue;
             }
             tracing::info!(shard = ctx.shard, to = want, "handing leadership to the preferred node");
@@ -90,12 +103,18 @@ pub async fn run(node: Arc<NodeState>) {
     }
 }
 
-/// The preferred leader of each shard: the same on every node.
-fn preferred_leaders(node: &NodeState) -> Vec<Option<u64>> {
-    let Ok(members) = node.config.initial_members() else { return Vec::new() };
-    let ring = tocsin_core::routing::Ring::new(members.iter().map(|m| m.0));
-    let rf = node.config.replication_factor.min(members.len());
-    let placements: Vec<Vec<u64>> = (0..node.config.num_shards).map(|s| ring.replicas(s, rf)).collect();
+/// The preferred leader of each shard, spread over the current voter sets:
+/// the same on every node that sees the same voter sets.
+fn preferred_leaders(node: &NodeState, remote: Option<&[Vec<u64>]>) -> Vec<Option<u64>> {
+    let placements: Vec<Vec<u64>> = (0..node.config.num_shards)
+        .map(|shard| match node.shards.get(shard) {
+            Some(ctx) => {
+                let m = ctx.raft.metrics().borrow_watched().clone();
+                m.membership_config.membership().voter_ids().collect()
+            }
+            None => remote.and_then(|r| r.get(shard as usize).cloned()).unwrap_or_default(),
+        })
+        .collect();
     tocsin_core::routing::spread_leaders(&placements)
 }
 
@@ -103,9 +122,9 @@ fn preferred_leaders(node: &NodeState) -> Vec<Option<u64>> {
 /// `timeout` in all; used before a graceful shutdown.
 pub async fn hand_over_all(node: &NodeState, timeout: Duration) {
     let deadline = tokio::time::Instant::now() + timeout;
-    let leading: Vec<&Arc<ShardCtx>> = node.shards.iter().flatten().filter(|c| c.epoch().is_some()).collect();
+    let leading: Vec<Arc<ShardCtx>> = node.shards.all().into_iter().filter(|c| c.epoch().is_some()).collect();
     for ctx in &leading {
-        if let Some(to) = healthy_voters(ctx).first() {
+        if let Some(to) = healthy_voters(ctx.as_ref()).first() {
             let _ = ctx.raft.trigger().transfer_leader(*to).await;
         }
     }

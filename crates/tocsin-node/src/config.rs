@@ -35,6 +35,11 @@ pub struct NodeConfig {
     /// a single-node cluster of this node. Only the node with the lowest id
     /// initializes the groups; the others wait to be contacted.
     pub initial_cluster: Vec<String>,
+    /// Start empty and wait to be added to a running cluster (`tocsin admin
+    /// node add`): the node hosts no shard and forms no cluster of its own.
+    /// Only read on the first start; afterwards the node reopens the
+    /// replicas it hosted.
+    pub join: bool,
     /// Replicas per shard (at most the number of initial voters).
     pub replication_factor: usize,
     pub limits: Limits,
@@ -59,6 +64,7 @@ impl Default for NodeConfig {
             http_advertise: None,
             num_shards: 16,
             initial_cluster: Vec::new(),
+            join: false,
             replication_factor: 3,
             limits: Limits::default(),
             raft: RaftTuning::default(),

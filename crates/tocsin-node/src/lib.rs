@@ -34,9 +34,12 @@ pub mod forward;
 pub mod json;
 pub mod leader;
 pub mod node;
+pub mod ops;
 pub mod proposer;
 pub mod raft;
+pub mod replicas;
 pub mod shard;
+pub mod view;
 
 pub use config::NodeConfig;
 pub use node::Node;

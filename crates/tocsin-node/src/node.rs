@@ -71,13 +71,22 @@ pub struct NodeState {
     pub node_id: u64,
     pub self_addr: NodeAddr,
     pub store: Arc<Store>,
-    /// Hosted shards, indexed by shard id.
-    pub shards: Vec<Option<Arc<ShardCtx>>>,
+    /// Hosted shards; replicas come and go as memberships change.
+    pub shards: ShardTable,
     pub groups: Groups,
+    pub router: Router,
+    raft_config: Arc<openraft::Config>,
+    /// Serializes hosting and releasing shards, and so the hosted-set
+    /// writes.
+    hosting: tokio::sync::Mutex<()>,
     pub dispatcher: Arc<Dispatcher>,
     pub admission: Arc<Admission>,
     pub metrics: Option<PrometheusHandle>,
     pub forwarder: Arc<Forwarder>,
+    /// The cluster as the other nodes report it, refreshed by the balancer
+    /// while this node does not host every shard: where requests for the
+    /// shards it does not host go.
+    pub remote_view: std::sync::RwLock<Option<crate::view::ClusterView>>,
     shutting_down: AtomicBool,
 }
 
@@ -89,7 +98,7 @@ impl NodeState {
     /// Every other node named in a hosted group's membership, by id.
     pub fn peers(&self) -> BTreeMap<u64, NodeAddr> {
         let mut peers = BTreeMap::new();
-        for ctx in self.shards.iter().flatten() {
+        for ctx in self.shards.all() {
             let m = ctx.raft.metrics().borrow_watched().clone();
             for (id, addr) in m.membership_config.membership().nodes() {
                 if *id != self.node_id {
@@ -107,16 +116,30 @@ impl NodeState {
 
     /// The hosted shard `shard`, or UNAVAILABLE.
     pub fn shard(&self, shard: ShardId) -> Result<Arc<ShardCtx>, ApiError> {
-        self.shards.get(shard as usize).cloned().flatten().ok_or_else(|| ApiError::Unavailable {
-            message: format!("shard {shard} is not hosted on node {}", self.node_id),
-            leader: None,
-            retry_after_ms: 100,
+        self.shards.get(shard).ok_or_else(|| {
+            // Point at the leader the other nodes report, so the request is
+            // forwarded there.
+            let leader = self.remote_view.read().expect("view lock").as_ref().and_then(|view| {
+                let s = view.shards.get(shard as usize)?;
+                let addr = view.nodes.get(&s.leader)?;
+                (s.leader != 0).then(|| pb::LeaderHint {
+                    shard,
+                    node_id: s.leader,
+                    grpc_addr: addr.grpc_addr.clone(),
+                    http_addr: addr.http_addr.clone(),
+                })
+            });
+            ApiError::Unavailable {
+                message: format!("shard {shard} is not hosted on node {}", self.node_id),
+                leader,
+                retry_after_ms: 100,
+            }
         })
     }
 
     /// Updates the per-shard gauges from Raft metrics and the shard meta.
     pub fn refresh_gauges(&self) {
-        for ctx in self.shards.iter().flatten() {
+        for ctx in self.shards.all() {
             let shard = ctx.shard.to_string();
             let m = ctx.raft.metrics().borrow_watched().clone();
             metrics::gauge!("tocsin_raft_applied_index", "shard" => shard.clone())
@@ -141,6 +164,127 @@ impl NodeState {
         for (ns, topic, n) in self.dispatcher.pull.ready_counts() {
             metrics::gauge!("tocsin_pull_ready", "namespace" => ns, "topic" => topic).set(n as f64);
         }
+    }
+}
+
+impl NodeState {
+    /// Opens `shard`'s group from the store and starts its proposer and
+    /// fire-loop supervisor. Does not touch the hosted set.
+    async fn open_shard(self: &Arc<Self>, shard: ShardId) -> Result<Arc<ShardCtx>, StartError> {
+        let group = u64::from(shard);
+        let log = LogStore::new(self.store.clone(), group);
+        let sm = StateMachine::open(self.store.clone(), group)
+            .await
+            .map_err(|e| StartError::Raft { group, message: e.to_string() })?;
+        let network = NetworkFactory::new(self.router.clone(), group);
+        let raft = Raft::new(self.node_id, self.raft_config.clone(), network, log, sm)
+            .await
+            .map_err(|e| StartError::Raft { group, message: e.to_string() })?;
+        let events = Arc::new(EventSink::default());
+        let proposer = Proposer::start(
+            raft.clone(),
+            self.node_id,
+            events.clone(),
+            self.config.admission.proposal_queue,
+            Duration::from_millis(self.config.admission.request_timeout_ms),
+        );
+        let ctx = Arc::new(ShardCtx::new(
+            shard,
+            self.node_id,
+            raft.clone(),
+            proposer,
+            events,
+            self.store.clone(),
+            self.config.clone(),
+        ));
+        self.groups.insert(group, raft);
+        self.shards.insert(ctx.clone());
+        let dispatcher = self.dispatcher.clone();
+        let pull = dispatcher.pull.clone();
+        let mut leadership = ctx.watch_leadership();
+        let supervised = ctx.clone();
+        tokio::spawn(async move {
+            // Forget pull state of shards we stop leading.
+            tokio::spawn(async move {
+                while leadership.changed().await.is_ok() {
+                    if *leadership.borrow() == crate::shard::Leadership::Follower {
+                        pull.forget_shard(shard);
+                    }
+                }
+            });
+            // Returns when the group shuts down (its metrics close).
+            leader::supervise(supervised, dispatcher).await;
+        });
+        Ok(ctx)
+    }
+
+    async fn persist_hosted(&self, bootstrapped: bool) -> Result<(), StartError> {
+        let groups: Vec<u64> = self.shards.ids().into_iter().map(u64::from).collect();
+        self.store
+            .set_hosted_groups(&tocsin_store::hosting::Hosted { groups, bootstrapped })
+            .await
+            .map_err(|source| StartError::Store { path: self.store.path().display().to_string(), source })
+    }
+
+    /// Starts hosting `shard` as an empty replica a leader can add as a
+    /// learner; `false` if it was hosted already.
+    pub async fn host_shard(self: &Arc<Self>, shard: ShardId) -> Result<bool, StartError> {
+        let _guard = self.hosting.lock().await;
+        if self.shards.get(shard).is_some() {
+            return Ok(false);
+        }
+        self.open_shard(shard).await?;
+        self.persist_hosted(true).await?;
+        tracing::info!(shard, "hosting a new replica");
+        Ok(true)
+    }
+
+    /// Stops hosting `shard`: shuts its group down, forgets its pull state
+    /// and deletes its data. `false` if it was not hosted.
+    pub async fn release_shard(self: &Arc<Self>, shard: ShardId) -> Result<bool, StartError> {
+        let _guard = self.hosting.lock().await;
+        let Some(ctx) = self.shards.remove(shard) else { return Ok(false) };
+        self.persist_hosted(true).await?;
+        self.groups.remove(ctx.group);
+        if let Err(e) = ctx.raft.shutdown().await {
+            tracing::warn!(shard, error = %e, "raft shutdown while releasing");
+        }
+        self.dispatcher.pull.forget_shard(shard);
+        self.store
+            .drop_group(ctx.group)
+            .await
+            .map_err(|source| StartError::Store { path: self.store.path().display().to_string(), source })?;
+        tracing::info!(shard, "released the replica and deleted its data");
+        Ok(true)
+    }
+}
+
+/// The shards a node hosts, by shard id.
+#[derive(Default)]
+pub struct ShardTable {
+    inner: std::sync::RwLock<BTreeMap<ShardId, Arc<ShardCtx>>>,
+}
+
+impl ShardTable {
+    pub fn get(&self, shard: ShardId) -> Option<Arc<ShardCtx>> {
+        self.inner.read().expect("shard table lock").get(&shard).cloned()
+    }
+
+    /// Every hosted shard, in shard order.
+    pub fn all(&self) -> Vec<Arc<ShardCtx>> {
+        self.inner.read().expect("shard table lock").values().cloned().collect()
+    }
+
+    pub fn ids(&self) -> Vec<ShardId> {
+        self.inner.read().expect("shard table lock").keys().copied().collect()
+    }
+
+    fn insert(&self, ctx: Arc<ShardCtx>) {
+        self.inner.write().expect("shard table lock").insert(ctx.shard, ctx);
+    }
+
+    fn remove(&self, shard: ShardId) -> Option<Arc<ShardCtx>> {
+        self.inner.write().expect("shard table lock").remove(&shard)
     }
 }
 
@@ -200,50 +344,69 @@ impl Node {
             Arc::new(Dispatcher { webhook: Arc::new(webhook), pull: PullHub::new(config.delivery.clone()) });
         let admission = Admission::start(config.admission.clone(), config.data_dir.clone());
 
-        // Placement: each shard's replicas by the token ring over the initial
-        // members (all of them when there are no more members than replicas).
+        // Placement on the first start: each shard's replicas by the token
+        // ring over the initial members (all of them when there are no more
+        // members than replicas); a joining node starts with none. Later
+        // starts reopen exactly the replicas recorded in the store, however
+        // membership changed since.
         let members = config.initial_members()?;
         let ring = tocsin_core::routing::Ring::new(members.iter().map(|m| m.0));
         let rf = config.replication_factor.min(members.len());
-        let raft_config = openraft_config(&config.raft);
+        let store_err = |source| StartError::Store { path: config.data_dir.display().to_string(), source };
+        let recorded = store.hosted_groups().map_err(store_err)?;
+        let (hosted, bootstrapped): (Vec<ShardId>, bool) = match &recorded {
+            Some(h) => (
+                h.groups.iter().filter(|g| **g < u64::from(config.num_shards)).map(|g| *g as ShardId).collect(),
+                h.bootstrapped,
+            ),
+            None if config.join => (Vec::new(), true),
+            None => ((0..config.num_shards).filter(|s| ring.replicas(*s, rf).contains(&node_id)).collect(), false),
+        };
         let router = Router::new(node_id, Duration::from_millis(config.raft.rpc_timeout_ms));
         for (id, grpc, _) in &members {
             if *id != node_id {
                 router.set_addr(*id, grpc);
             }
         }
-        let groups = Groups::default();
-        let mut shards: Vec<Option<Arc<ShardCtx>>> = vec![None; config.num_shards as usize];
-        let mut to_initialize = Vec::new();
-        for shard in 0..config.num_shards {
-            let replicas = ring.replicas(shard, rf);
-            if !replicas.contains(&node_id) {
-                continue;
-            }
-            let group = u64::from(shard);
-            let log = LogStore::new(store.clone(), group);
-            let sm = StateMachine::open(store.clone(), group)
-                .await
-                .map_err(|e| StartError::Raft { group, message: e.to_string() })?;
-            let network = NetworkFactory::new(router.clone(), group);
-            let raft = Raft::new(node_id, raft_config.clone(), network, log, sm)
-                .await
-                .map_err(|e| StartError::Raft { group, message: e.to_string() })?;
-            groups.insert(group, raft.clone());
-            let events = Arc::new(EventSink::default());
-            let proposer = Proposer::start(
-                raft.clone(),
-                node_id,
-                events.clone(),
-                config.admission.proposal_queue,
-                Duration::from_millis(config.admission.request_timeout_ms),
-            );
-            let ctx =
-                Arc::new(ShardCtx::new(shard, node_id, raft.clone(), proposer, events, store.clone(), config.clone()));
-            shards[shard as usize] = Some(ctx);
-            // The lowest-id replica writes the shard's first membership.
-            if replicas.iter().min() == Some(&node_id) {
-                let voters: std::collections::BTreeMap<u64, NodeAddr> = members
+
+        let state = Arc::new(NodeState {
+            config: config.clone(),
+            node_id,
+            self_addr: self_addr.clone(),
+            store: store.clone(),
+            shards: ShardTable::default(),
+            groups: Groups::default(),
+            router,
+            raft_config: openraft_config(&config.raft),
+            hosting: tokio::sync::Mutex::new(()),
+            dispatcher: dispatcher.clone(),
+            admission,
+            metrics,
+            forwarder: Arc::new(Forwarder::new(Duration::from_millis(config.admission.request_timeout_ms))),
+            remote_view: std::sync::RwLock::new(None),
+            shutting_down: AtomicBool::new(false),
+        });
+        for shard in &hosted {
+            state.open_shard(*shard).await?;
+        }
+        state.persist_hosted(bootstrapped).await?;
+
+        let (shutdown, shutdown_rx) = watch::channel(false);
+        let servers = vec![
+            tokio::spawn(serve_grpc(state.clone(), grpc_listener, store.path().join("spool"), shutdown_rx.clone())),
+            tokio::spawn(serve_http(state.clone(), http_listener, shutdown_rx)),
+        ];
+
+        // Until the first start has bootstrapped, the lowest-id replica of
+        // each shard writes its first membership. Never afterwards: a replica
+        // hosted later waits, uninitialized, to be added by its leader.
+        if !bootstrapped {
+            for shard in &hosted {
+                let replicas = ring.replicas(*shard, rf);
+                if replicas.iter().min() != Some(&node_id) {
+                    continue;
+                }
+                let voters: BTreeMap<u64, NodeAddr> = members
                     .iter()
                     .filter(|m| replicas.contains(&m.0))
                     .map(|(id, grpc, http)| {
@@ -255,64 +418,18 @@ impl Node {
                         (*id, addr)
                     })
                     .collect();
-                to_initialize.push((raft, voters));
+                let Some(ctx) = state.shards.get(*shard) else { continue };
+                if !ctx.raft.is_initialized().await.unwrap_or(true)
+                    && let Err(e) = ctx.raft.initialize(voters).await
+                {
+                    tracing::warn!(shard, error = %e, "initializing a group failed (already initialized elsewhere?)");
+                }
             }
+            state.persist_hosted(true).await?;
         }
 
-        let state = Arc::new(NodeState {
-            config: config.clone(),
-            node_id,
-            self_addr: self_addr.clone(),
-            store: store.clone(),
-            shards,
-            groups: groups.clone(),
-            dispatcher: dispatcher.clone(),
-            admission,
-            metrics,
-            forwarder: Arc::new(Forwarder::new(Duration::from_millis(config.admission.request_timeout_ms))),
-            shutting_down: AtomicBool::new(false),
-        });
-
-        let (shutdown, shutdown_rx) = watch::channel(false);
-        let servers = vec![
-            tokio::spawn(serve_grpc(state.clone(), grpc_listener, store.path().join("spool"), shutdown_rx.clone())),
-            tokio::spawn(serve_http(state.clone(), http_listener, shutdown_rx)),
-        ];
-
-        for (raft, voters) in to_initialize {
-            if !raft.is_initialized().await.unwrap_or(true)
-                && let Err(e) = raft.initialize(voters).await
-            {
-                tracing::warn!(error = %e, "initializing a group failed (already initialized elsewhere?)");
-            }
-        }
-
-        let supervisors = state
-            .shards
-            .iter()
-            .flatten()
-            .map(|ctx| {
-                let ctx = ctx.clone();
-                let dispatcher = dispatcher.clone();
-                let pull = dispatcher.pull.clone();
-                let mut leadership = ctx.watch_leadership();
-                let shard = ctx.shard;
-                tokio::spawn(async move {
-                    // Forget pull state of shards we stop leading.
-                    tokio::spawn(async move {
-                        while leadership.changed().await.is_ok() {
-                            if *leadership.borrow() == crate::shard::Leadership::Follower {
-                                pull.forget_shard(shard);
-                            }
-                        }
-                    });
-                    leader::supervise(ctx, dispatcher).await;
-                })
-            })
-            .collect();
-
-        let mut supervisors: Vec<JoinHandle<()>> = supervisors;
-        supervisors.push(tokio::spawn(crate::balance::run(state.clone())));
+        let supervisors = vec![tokio::spawn(crate::balance::run(state.clone()))];
+        tracing::info!(node_id, %grpc_addr, %http_addr, shards = config.num_shards, hosted = hosted.len(), data = %config.data_dir.display(), "node started");
         tracing::info!(node_id, %grpc_addr, %http_addr, shards = config.num_shards, data = %config.data_dir.display(), "node started");
         Ok(Node { state, grpc_addr, http_addr, shutdown, servers, supervisors })
     }
@@ -321,7 +438,7 @@ impl Node {
     pub async fn wait_ready(&self, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            if self.state.shards.iter().flatten().all(|c| c.raft.metrics().borrow_watched().current_leader.is_some()) {
+            if self.state.shards.all().iter().all(|c| c.raft.metrics().borrow_watched().current_leader.is_some()) {
                 return true;
             }
             if tokio::time::Instant::now() > deadline {
@@ -367,6 +484,8 @@ async fn serve_grpc(
         .max_decoding_message_size(max)
         .max_encoding_message_size(64 << 20);
     let admin = pb::admin_service_server::AdminServiceServer::new(AdminApi::new(state.clone()));
+    let replicas =
+        pb::replica_control_server::ReplicaControlServer::new(crate::replicas::ReplicaService::new(state.clone()));
     let transport =
         pb::raft_transport_server::RaftTransportServer::new(TransportService::new(state.groups.clone(), spool))
             .max_decoding_message_size(64 << 20)
@@ -383,6 +502,7 @@ async fn serve_grpc(
         .tcp_nodelay(true)
         .add_service(timers)
         .add_service(admin)
+        .add_service(replicas)
         .add_service(transport)
         .serve_with_incoming_shutdown(incoming, async move {
             let _ = shutdown.wait_for(|s| *s).await;

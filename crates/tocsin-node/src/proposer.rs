@@ -231,7 +231,7 @@ async fn run(raft: Raft, events: Arc<EventSink>, mut rx: mpsc::Receiver<Pending>
     }
 }
 
-fn to_propose_error(
+pub(crate) fn to_propose_error(
     e: openraft::error::RaftError<
         tocsin_store::TypeConfig,
         openraft::error::ClientWriteError<tocsin_store::TypeConfig>,

@@ -85,11 +85,33 @@ struct RouterInner {
     node_id: u64,
     rpc_timeout: Duration,
     peers: RwLock<HashMap<u64, (String, RaftTransportClient<Channel>)>>,
+    /// Snapshot bytes sent per group: the progress of a replica catching up.
+    snapshot_bytes: RwLock<HashMap<GroupId, u64>>,
 }
 
 impl Router {
     pub fn new(node_id: u64, rpc_timeout: Duration) -> Router {
-        Router { inner: Arc::new(RouterInner { node_id, rpc_timeout, peers: RwLock::new(HashMap::new()) }) }
+        Router {
+            inner: Arc::new(RouterInner {
+                node_id,
+                rpc_timeout,
+                peers: RwLock::new(HashMap::new()),
+                snapshot_bytes: RwLock::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// Every peer this node has an address for, `(id, grpc address)`.
+    pub fn known(&self) -> Vec<(u64, String)> {
+        let mut v: Vec<_> =
+            self.inner.peers.read().expect("router lock").iter().map(|(id, (addr, _))| (*id, addr.clone())).collect();
+        v.sort();
+        v
+    }
+
+    /// Snapshot bytes this node has sent for `group` since it started.
+    pub fn snapshot_bytes(&self, group: GroupId) -> u64 {
+        self.inner.snapshot_bytes.read().expect("router lock").get(&group).copied().unwrap_or(0)
     }
 
     /// Records where `target` listens; a changed address gets a new channel.
@@ -262,6 +284,9 @@ impl GroupRouter<C, GroupId> for Router {
             Ok(Ok(())) => {}
             Ok(Err(e)) => return Err(StreamingError::Unreachable(Unreachable::new(&e))),
             Err(e) => return Err(StreamingError::Unreachable(Unreachable::new(&e))),
+        }
+        if result.is_ok() {
+            *self.inner.snapshot_bytes.write().expect("router lock").entry(group_id).or_default() += len;
         }
         match result {
             Ok(resp) => reply_to(resp.into_inner()).map_err(|e| match e {

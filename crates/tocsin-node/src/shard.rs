@@ -44,6 +44,9 @@ pub struct ShardCtx {
     pub store: Arc<Store>,
     pub config: Arc<NodeConfig>,
     leadership: watch::Sender<Leadership>,
+    /// Held while this node changes the shard's voter set, so changes to one
+    /// shard's membership never overlap.
+    pub membership_change: tokio::sync::Mutex<()>,
     /// How long a quorum acknowledgement keeps the lease: openraft's own
     /// leader lease, the minimum election timeout (no follower elects before
     /// it runs out).
@@ -71,6 +74,7 @@ impl ShardCtx {
             store,
             config,
             leadership: watch::channel(Leadership::Follower).0,
+            membership_change: tokio::sync::Mutex::new(()),
             lease,
         }
     }

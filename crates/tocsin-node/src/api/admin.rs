@@ -10,7 +10,9 @@ use tonic::Request;
 use tonic::Response;
 use tonic::Status;
 
+use crate::api::error::ApiError;
 use crate::node::NodeState;
+use crate::ops;
 
 #[derive(Clone)]
 pub struct AdminApi {
@@ -25,7 +27,7 @@ impl AdminApi {
     /// Every node named in any hosted group's membership, with addresses.
     fn nodes(&self) -> BTreeMap<u64, tocsin_store::NodeAddr> {
         let mut nodes = BTreeMap::new();
-        for ctx in self.node.shards.iter().flatten() {
+        for ctx in self.node.shards.all() {
             let metrics = ctx.raft.metrics().borrow_watched().clone();
             for (id, addr) in metrics.membership_config.membership().nodes() {
                 nodes.insert(*id, addr.clone());
@@ -55,7 +57,7 @@ impl AdminApi {
     pub fn cluster_info(&self) -> pb::ClusterInfo {
         let nodes = self.nodes();
         let mut shards = Vec::new();
-        for ctx in self.node.shards.iter().flatten() {
+        for ctx in self.node.shards.all() {
             let m = ctx.raft.metrics().borrow_watched().clone();
             let membership = m.membership_config.membership();
             let meta = ctx.store.shard_meta(ctx.group).unwrap_or_default();
@@ -123,7 +125,12 @@ impl AdminApi {
                     let cut_off = s.leader == self.node.node_id
                         && self.node.shard(s.shard).is_ok_and(|ctx| ctx.proposer.quorum_lost());
                     let leader = if cut_off { 0 } else { s.leader };
-                    pb::ShardPlacement { shard: s.shard, replicas: s.replicas, leader, shard_epoch: 1, term: s.term }
+                    // The membership entry's log index: newer replica sets
+                    // have higher ones (see `view.rs`).
+                    let shard_epoch = self.node.shard(s.shard).ok().map_or(0, |ctx| {
+                        ctx.raft.metrics().borrow_watched().membership_config.log_id().as_ref().map_or(0, |l| l.index)
+                    });
+                    pb::ShardPlacement { shard: s.shard, replicas: s.replicas, leader, shard_epoch, term: s.term }
                 })
                 .collect(),
         }
@@ -132,8 +139,18 @@ impl AdminApi {
 
 type ProgressStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::Progress, Status>> + Send>>;
 
-fn not_yet(what: &str) -> Status {
-    Status::unimplemented(format!("{what} is not available in this version"))
+impl AdminApi {
+    /// Runs a cluster operation in its own task (it finishes even if the
+    /// caller goes away) and streams its progress.
+    fn spawn_op<F, Fut>(&self, op: F) -> Response<ProgressStream>
+    where
+        F: FnOnce(Arc<NodeState>, ops::Reporter) -> Fut,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
+        let (tx, rx) = tokio::sync::mpsc::channel(ops::PROGRESS_QUEUE);
+        tokio::spawn(op(self.node.clone(), ops::Reporter::new(tx)));
+        Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(rx)))
+    }
 }
 
 #[tonic::async_trait]
@@ -150,26 +167,39 @@ impl pb::admin_service_server::AdminService for AdminApi {
     }
 
     type AddNodeStream = ProgressStream;
-    async fn add_node(&self, _: Request<pb::AddNodeRequest>) -> Result<Response<Self::AddNodeStream>, Status> {
-        Err(not_yet("node add"))
+    async fn add_node(&self, request: Request<pb::AddNodeRequest>) -> Result<Response<Self::AddNodeStream>, Status> {
+        let req = request.into_inner();
+        if req.grpc_addr.is_empty() {
+            return Err(ApiError::invalid("grpc_addr", "give the new node's gRPC address, host:port").into());
+        }
+        Ok(self.spawn_op(|node, rep| ops::add_node(node, req.grpc_addr, req.http_addr, rep)))
     }
 
     type RemoveNodeStream = ProgressStream;
-    async fn remove_node(&self, _: Request<pb::RemoveNodeRequest>) -> Result<Response<Self::RemoveNodeStream>, Status> {
-        Err(not_yet("node remove"))
+    async fn remove_node(
+        &self,
+        request: Request<pb::RemoveNodeRequest>,
+    ) -> Result<Response<Self::RemoveNodeStream>, Status> {
+        let id = request.into_inner().node_id;
+        Ok(self.spawn_op(move |node, rep| ops::remove_node(node, id, false, rep)))
     }
 
     type DecommissionNodeStream = ProgressStream;
     async fn decommission_node(
         &self,
-        _: Request<pb::DecommissionNodeRequest>,
+        request: Request<pb::DecommissionNodeRequest>,
     ) -> Result<Response<Self::DecommissionNodeStream>, Status> {
-        Err(not_yet("node decommission"))
+        let id = request.into_inner().node_id;
+        Ok(self.spawn_op(move |node, rep| ops::remove_node(node, id, true, rep)))
     }
 
     type MoveShardStream = ProgressStream;
-    async fn move_shard(&self, _: Request<pb::MoveShardRequest>) -> Result<Response<Self::MoveShardStream>, Status> {
-        Err(not_yet("shard move"))
+    async fn move_shard(
+        &self,
+        request: Request<pb::MoveShardRequest>,
+    ) -> Result<Response<Self::MoveShardStream>, Status> {
+        let req = request.into_inner();
+        Ok(self.spawn_op(move |node, rep| ops::move_shard(node, req.shard, req.from_node, req.to_node, rep)))
     }
 
     /// Moves a shard's leadership to `to_node`. Must reach the current
@@ -209,7 +239,11 @@ impl pb::admin_service_server::AdminService for AdminApi {
     }
 
     type RebalanceStream = ProgressStream;
-    async fn rebalance(&self, _: Request<pb::RebalanceRequest>) -> Result<Response<Self::RebalanceStream>, Status> {
-        Err(not_yet("rebalance"))
+    async fn rebalance(
+        &self,
+        request: Request<pb::RebalanceRequest>,
+    ) -> Result<Response<Self::RebalanceStream>, Status> {
+        let dry_run = request.into_inner().dry_run;
+        Ok(self.spawn_op(move |node, rep| ops::rebalance(node, dry_run, rep)))
     }
 }

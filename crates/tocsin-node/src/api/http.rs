@@ -384,8 +384,8 @@ async fn ready(State(s): State<HttpState>) -> Response {
     let leaderless: Vec<u32> = s
         .node
         .shards
-        .iter()
-        .flatten()
+        .all()
+        .into_iter()
         .filter(|ctx| ctx.raft.metrics().borrow_watched().current_leader.is_none())
         .map(|ctx| ctx.shard)
         .collect();

@@ -1,0 +1,180 @@
+//! The cluster as the reachable nodes report it: every shard's voters and
+//! leader, and every node's addresses, merged from each node's shard map.
+//!
+//! No node hosts every shard once a cluster has more nodes than the
+//! replication factor, so admin operations and the leader balancer ask the
+//! others. A shard's voter set is taken from the report with the newest
+//! membership (`shard_epoch` is the log index of the membership entry), and
+//! its leader from the report with the highest term that names one, a
+//! leader's report about itself winning ties.
+
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tocsin_proto::v1 as pb;
+use tocsin_proto::v1::admin_service_client::AdminServiceClient;
+use tocsin_store::NodeAddr;
+use tonic::transport::Endpoint;
+
+use crate::api::admin::AdminApi;
+use crate::node::NodeState;
+
+/// One shard as the view has it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ShardView {
+    /// Voters, sorted; empty when no reachable node hosts the shard.
+    pub voters: Vec<u64>,
+    /// Log index of the membership `voters` came from.
+    pub membership_index: u64,
+    /// The leader, or 0 if none is known.
+    pub leader: u64,
+    pub term: u64,
+    /// Whether `leader` reported itself.
+    pub leader_self_reported: bool,
+}
+
+/// The merged view.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterView {
+    pub num_shards: u32,
+    /// Every node named by a reachable node, with its addresses.
+    pub nodes: BTreeMap<u64, NodeAddr>,
+    /// The nodes that answered.
+    pub reachable: BTreeSet<u64>,
+    pub shards: Vec<ShardView>,
+}
+
+impl ClusterView {
+    /// Nodes that hold at least one voter replica.
+    pub fn voter_nodes(&self) -> BTreeSet<u64> {
+        self.shards.iter().flat_map(|s| s.voters.iter().copied()).collect()
+    }
+
+    /// Merges one node's shard map into the view.
+    fn merge(&mut self, from: u64, map: &pb::ShardMap) {
+        self.reachable.insert(from);
+        for n in &map.nodes {
+            let addr = NodeAddr { grpc_addr: n.grpc_addr.clone(), http_addr: n.http_addr.clone() };
+            // A node's own report of its address wins.
+            if n.node_id == from || !self.nodes.contains_key(&n.node_id) {
+                self.nodes.insert(n.node_id, addr);
+            }
+        }
+        for p in &map.shards {
+            let Some(s) = self.shards.get_mut(p.shard as usize) else { continue };
+            if p.shard_epoch > s.membership_index || s.voters.is_empty() {
+                let mut voters = p.replicas.clone();
+                voters.sort_unstable();
+                s.voters = voters;
+                s.membership_index = p.shard_epoch;
+            }
+            let self_reported = p.leader != 0 && p.leader == from;
+            let better = p.leader != 0
+                && (p.term > s.term
+                    || (p.term == s.term && (s.leader == 0 || (self_reported && !s.leader_self_reported))));
+            if better {
+                s.leader = p.leader;
+                s.term = p.term;
+                s.leader_self_reported = self_reported;
+            }
+        }
+    }
+}
+
+/// Asks this node and every node it learns of (two rounds) for their shard
+/// maps, each within `timeout`, and merges the answers.
+pub async fn gather(node: &Arc<NodeState>, timeout: Duration) -> ClusterView {
+    let num_shards = node.config.num_shards;
+    let mut view =
+        ClusterView { num_shards, shards: vec![ShardView::default(); num_shards as usize], ..Default::default() };
+    let local = AdminApi::new(node.clone()).shard_map();
+    view.merge(node.node_id, &local);
+    // Peers this node has talked to, even if it hosts no shard with them
+    // any more (a drained node still finds the others).
+    for (id, addr) in node.router.known() {
+        view.nodes.entry(id).or_insert(NodeAddr { grpc_addr: addr, http_addr: String::new() });
+    }
+    let mut asked: BTreeSet<u64> = BTreeSet::from([node.node_id]);
+    for _round in 0..2 {
+        let targets: Vec<(u64, String)> = view
+            .nodes
+            .iter()
+            .filter(|(id, a)| !asked.contains(id) && !a.grpc_addr.is_empty())
+            .map(|(id, a)| (*id, a.grpc_addr.clone()))
+            .collect();
+        if targets.is_empty() {
+            break;
+        }
+        let answers = futures::future::join_all(targets.iter().map(|(id, addr)| {
+            let addr = addr.clone();
+            let id = *id;
+            async move { (id, fetch_map(&addr, timeout).await) }
+        }))
+        .await;
+        for (id, answer) in answers {
+            asked.insert(id);
+            if let Some(map) = answer {
+                view.merge(id, &map);
+            }
+        }
+    }
+    view
+}
+
+/// One node's shard map, or `None` if it did not answer in time.
+pub async fn fetch_map(addr: &str, timeout: Duration) -> Option<pb::ShardMap> {
+    let channel = Endpoint::from_shared(format!("http://{addr}")).ok()?.connect_timeout(timeout).timeout(timeout);
+    let call = async move {
+        let channel = channel.connect().await.ok()?;
+        AdminServiceClient::new(channel).get_shard_map(pb::GetShardMapRequest {}).await.ok().map(|r| r.into_inner())
+    };
+    tokio::time::timeout(timeout, call).await.ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(nodes: &[u64], shards: &[(u32, &[u64], u64, u64, u64)]) -> pb::ShardMap {
+        pb::ShardMap {
+            epoch: 1,
+            num_shards: 2,
+            nodes: nodes
+                .iter()
+                .map(|id| pb::NodeInfo { node_id: *id, grpc_addr: format!("n{id}:1"), ..Default::default() })
+                .collect(),
+            ring: Vec::new(),
+            shards: shards
+                .iter()
+                .map(|(shard, replicas, leader, epoch, term)| pb::ShardPlacement {
+                    shard: *shard,
+                    replicas: replicas.to_vec(),
+                    leader: *leader,
+                    shard_epoch: *epoch,
+                    term: *term,
+                })
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn newest_membership_and_highest_term_win() {
+        let mut view = ClusterView { num_shards: 2, shards: vec![ShardView::default(); 2], ..Default::default() };
+        // Node 1 lags: it still has shard 0 on {1,2,3} led by 3 in term 4.
+        view.merge(1, &map(&[1, 2, 3], &[(0, &[3, 2, 1], 3, 10, 4)]));
+        // Node 4 has the newer membership {1,2,4} and a leader in term 5.
+        view.merge(4, &map(&[1, 2, 4], &[(0, &[4, 2, 1], 4, 20, 5), (1, &[1, 2, 4], 0, 7, 5)]));
+        assert_eq!(view.shards[0].voters, vec![1, 2, 4]);
+        assert_eq!((view.shards[0].leader, view.shards[0].term), (4, 5));
+        assert_eq!(view.shards[1].voters, vec![1, 2, 4]);
+        assert_eq!(view.shards[1].leader, 0, "no report names a leader");
+        // An older membership does not replace a newer one.
+        view.merge(2, &map(&[2], &[(0, &[1, 2, 3], 0, 10, 5)]));
+        assert_eq!(view.shards[0].voters, vec![1, 2, 4]);
+        assert_eq!(view.voter_nodes(), BTreeSet::from([1, 2, 4]));
+        assert_eq!(view.reachable, BTreeSet::from([1, 2, 4]));
+        assert_eq!(view.nodes.len(), 4);
+    }
+}
