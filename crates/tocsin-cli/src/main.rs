@@ -1,7 +1,8 @@
 //! `tocsin`: run a node (`dev`, `serve`), use one (`timer`), inspect a
-//! cluster (`cluster`), measure one
+//! cluster (`cluster`), operate one (`admin`), measure one
 //! (`bench`), receive its callbacks (`sink`), and check one (`probe`).
 
+mod admin;
 mod bench;
 mod cluster;
 mod probe;
@@ -32,6 +33,9 @@ enum Command {
     /// Look at a running cluster; move a shard's leadership.
     #[command(subcommand)]
     Cluster(cluster::ClusterCommand),
+    /// Operate a live cluster: add, drain, remove and decommission nodes,
+    /// move shards and leaderships, rebalance.
+    Admin(admin::AdminArgs),
     /// Load generator: create throughput, steady fires, thundering seconds.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -51,6 +55,7 @@ fn main() -> std::process::ExitCode {
             Command::Serve(args) => run::serve(args).await,
             Command::Timer(cmd) => timer::run(cmd).await,
             Command::Cluster(cmd) => cluster::run(cmd).await,
+            Command::Admin(args) => admin::run(args).await,
             Command::Bench(cmd) => bench::run(cmd).await,
             Command::Sink(args) => sink::run(args).await,
             Command::Probe(args) => probe::run(args).await,

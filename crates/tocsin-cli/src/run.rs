@@ -54,6 +54,9 @@ pub struct ServeArgs {
     /// Overrides `num_shards`.
     #[arg(long)]
     shards: Option<u32>,
+    /// Sets `join`: start empty and wait for `tocsin admin node add`.
+    #[arg(long)]
+    join: bool,
 }
 
 fn init_logging(filter: &str) {
@@ -162,6 +165,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     if let Some(v) = args.shards {
         config.num_shards = v;
+    }
+    if args.join {
+        config.join = true;
     }
     config.validate().context("invalid configuration")?;
     init_logging(&config.log);

@@ -2,6 +2,7 @@
 //! real RocksDB. One binary, one module per scenario.
 
 mod bad_input;
+mod cluster_ops;
 mod pull;
 mod support;
 mod webhook;

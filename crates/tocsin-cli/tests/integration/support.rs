@@ -24,9 +24,11 @@ pub fn free_port() -> u16 {
 
 /// One `tocsin serve` process.
 pub struct NodeProcess {
+    pub node_id: u64,
     pub data: PathBuf,
     pub grpc: String,
     pub http: String,
+    args: Vec<String>,
     env: Vec<(String, String)>,
     child: Option<Child>,
     log: PathBuf,
@@ -36,12 +38,33 @@ impl NodeProcess {
     /// Starts a single-node cluster with `env` as extra `TOCSIN_*` settings.
     pub fn start(dir: &std::path::Path, env: &[(&str, &str)]) -> NodeProcess {
         let mut node = NodeProcess {
+            node_id: 1,
             data: dir.join("data"),
             grpc: format!("127.0.0.1:{}", free_port()),
             http: format!("127.0.0.1:{}", free_port()),
+            args: Vec::new(),
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             child: None,
             log: dir.join("node.log"),
+        };
+        node.spawn();
+        node.wait_ready();
+        node
+    }
+
+    /// Starts node `node_id` of a cluster on `grpc`/`http` with extra
+    /// `serve` arguments, without waiting for it to be ready (its peers may
+    /// not be up yet).
+    pub fn start_member(dir: &std::path::Path, node_id: u64, grpc: &str, http: &str, args: &[&str]) -> NodeProcess {
+        let mut node = NodeProcess {
+            node_id,
+            data: dir.join(format!("data-{node_id}")),
+            grpc: grpc.to_string(),
+            http: http.to_string(),
+            args: args.iter().map(|a| a.to_string()).collect(),
+            env: vec![("TOCSIN_REPLICATION_FACTOR".into(), "3".into())],
+            child: None,
+            log: dir.join(format!("node-{node_id}.log")),
         };
         node.spawn();
         node
@@ -50,7 +73,9 @@ impl NodeProcess {
     fn spawn(&mut self) {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tocsin"));
-        cmd.args(["serve", "--node-id", "1", "--grpc", &self.grpc, "--http", &self.http])
+        let id = self.node_id.to_string();
+        cmd.args(["serve", "--node-id", &id, "--grpc", &self.grpc, "--http", &self.http])
+            .args(&self.args)
             .arg("--data")
             .arg(&self.data)
             .env("TOCSIN_NUM_SHARDS", "8")
@@ -62,7 +87,6 @@ impl NodeProcess {
             cmd.env(k, v);
         }
         self.child = Some(cmd.spawn().expect("spawn tocsin"));
-        self.wait_ready();
     }
 
     pub fn wait_ready(&mut self) {
@@ -81,7 +105,7 @@ impl NodeProcess {
             }
             std::thread::sleep(Duration::from_millis(50));
         }
-        panic!("node not ready; log:\n{}", std::fs::read_to_string(&self.log).unwrap_or_default());
+        panic!("node {} not ready; log:\n{}", self.node_id, std::fs::read_to_string(&self.log).unwrap_or_default());
     }
 
     /// SIGKILL: no shutdown path runs.
@@ -95,6 +119,7 @@ impl NodeProcess {
     pub fn restart(&mut self) {
         assert!(self.child.is_none(), "kill it first");
         self.spawn();
+        self.wait_ready();
     }
 
     pub fn log(&self) -> String {
