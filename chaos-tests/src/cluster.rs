@@ -1,6 +1,8 @@
-//! The processes under test: three `tocsin serve` nodes and a `tocsin sink`
+//! The processes under test: three `tocsin serve` nodes (and, for the
+//! membership scenarios, a fourth that joins later) and a `tocsin sink`
 //! receiver, each in its own namespace, with the controls faults need
-//! (SIGKILL, SIGTERM, SIGSTOP/SIGCONT, restart with the same data).
+//! (SIGKILL, SIGTERM, SIGSTOP/SIGCONT, restart with the same data), and
+//! `tocsin admin` to change the membership.
 
 use std::path::Path;
 use std::path::PathBuf;
@@ -101,6 +103,8 @@ pub struct Cluster {
     pub sink_url: String,
     pub deliveries: PathBuf,
     tocsin: PathBuf,
+    dir: PathBuf,
+    shards: u32,
 }
 
 impl Cluster {
@@ -129,45 +133,70 @@ impl Cluster {
                 format!("{}={ip}:{GRPC_PORT}/{ip}:{HTTP_PORT}", i + 1)
             })
             .collect();
-        let mut nodes = Vec::new();
-        for (i, name) in names.iter().enumerate() {
-            let host = net.host(name).clone();
-            let data = dir.join(format!("{name}-data"));
-            let args = vec![
-                "serve".into(),
-                "--node-id".into(),
-                (i + 1).to_string(),
-                "--data".into(),
-                data.display().to_string(),
-                "--grpc".into(),
-                format!("0.0.0.0:{GRPC_PORT}"),
-                "--http".into(),
-                format!("0.0.0.0:{HTTP_PORT}"),
-                "--advertise-grpc".into(),
-                format!("{}:{GRPC_PORT}", host.ip),
-                "--advertise-http".into(),
-                format!("{}:{HTTP_PORT}", host.ip),
-                "--initial-cluster".into(),
-                initial.join(","),
-                "--shards".into(),
-                shards.to_string(),
-            ];
-            let env = vec![
-                ("TOCSIN_REPLICATION_FACTOR".to_string(), "3".to_string()),
-                ("RUST_LOG".to_string(), "info,openraft=error".to_string()),
-            ];
-            let mut node =
-                NodeProc { id: i as u64 + 1, host, log: dir.join(format!("{name}.log")), args, env, child: None };
-            node.spawn(tocsin)?;
-            nodes.push(node);
-        }
-        Ok(Cluster {
-            nodes,
+        let mut cluster = Cluster {
+            nodes: Vec::new(),
             sink: Some(sink),
             sink_url: format!("http://{}:{SINK_PORT}/hook", net.host("sink").ip),
             deliveries,
             tocsin: tocsin.to_path_buf(),
-        })
+            dir: dir.to_path_buf(),
+            shards,
+        };
+        for (i, name) in names.iter().enumerate() {
+            cluster.spawn_node(net.host(name), i as u64 + 1, &["--initial-cluster".into(), initial.join(",")])?;
+        }
+        Ok(cluster)
+    }
+
+    fn spawn_node(&mut self, host: &Host, id: u64, extra: &[String]) -> anyhow::Result<()> {
+        let data = self.dir.join(format!("{}-data", host.name));
+        let mut args = vec![
+            "serve".into(),
+            "--node-id".into(),
+            id.to_string(),
+            "--data".into(),
+            data.display().to_string(),
+            "--grpc".into(),
+            format!("0.0.0.0:{GRPC_PORT}"),
+            "--http".into(),
+            format!("0.0.0.0:{HTTP_PORT}"),
+            "--advertise-grpc".into(),
+            format!("{}:{GRPC_PORT}", host.ip),
+            "--advertise-http".into(),
+            format!("{}:{HTTP_PORT}", host.ip),
+            "--shards".into(),
+            self.shards.to_string(),
+        ];
+        args.extend(extra.iter().cloned());
+        let env = vec![
+            ("TOCSIN_REPLICATION_FACTOR".to_string(), "3".to_string()),
+            ("RUST_LOG".to_string(), "info,openraft=error".to_string()),
+        ];
+        let log = self.dir.join(format!("{}.log", host.name));
+        let mut node = NodeProc { id, host: host.clone(), log, args, env, child: None };
+        node.spawn(&self.tocsin)?;
+        self.nodes.push(node);
+        Ok(())
+    }
+
+    /// Starts node `id` on `host` empty, waiting to be added (`--join`).
+    pub fn start_joiner(&mut self, host: &Host, id: u64) -> anyhow::Result<()> {
+        self.spawn_node(host, id, &["--join".into()])
+    }
+
+    /// Runs `tocsin admin` (see [`run_admin`]) against `addrs`.
+    pub fn admin(&self, addrs: &[String], args: &[&str]) -> anyhow::Result<(bool, String)> {
+        run_admin(&self.tocsin, &self.dir, addrs, args)
+    }
+
+    /// The binary and the run directory, for running `tocsin admin` from
+    /// another thread.
+    pub fn admin_paths(&self) -> (PathBuf, PathBuf) {
+        (self.tocsin.clone(), self.dir.clone())
+    }
+
+    pub fn num_shards(&self) -> u32 {
+        self.shards
     }
 
     pub fn seeds(&self) -> Vec<String> {
@@ -211,14 +240,21 @@ impl Drop for Cluster {
     }
 }
 
-/// Cluster info from whichever node answers.
-pub async fn cluster_info(seeds: &[String], digests: bool) -> Option<pb::ClusterInfo> {
-    for seed in seeds {
-        if let Some(info) = node_info(seed, digests).await {
-            return Some(info);
-        }
+/// Runs `tocsin admin --addr <addrs> <args>` from the root namespace
+/// (which reaches every node over the bridge), appending its output to
+/// `admin.log` in `dir`; returns whether it succeeded, and its output.
+pub fn run_admin(tocsin: &Path, dir: &Path, addrs: &[String], args: &[&str]) -> anyhow::Result<(bool, String)> {
+    let mut cmd = Command::new(tocsin);
+    cmd.arg("admin");
+    for a in addrs {
+        cmd.args(["--addr", a]);
     }
-    None
+    let out = cmd.args(args).output().context("running tocsin admin")?;
+    let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    use std::io::Write as _;
+    let mut log = std::fs::OpenOptions::new().create(true).append(true).open(dir.join("admin.log"))?;
+    writeln!(log, "$ tocsin admin {}\n{text}", args.join(" "))?;
+    Ok((out.status.success(), text))
 }
 
 /// Cluster info as one particular node sees it.
@@ -234,19 +270,28 @@ pub async fn node_info(addr: &str, digests: bool) -> Option<pb::ClusterInfo> {
     Some(info.into_inner())
 }
 
-/// Waits until every shard has a leader, as seen by every running node;
-/// returns how long that took.
+/// Waits until every node answers, every replica it hosts knows a leader,
+/// and every shard is hosted somewhere; returns how long that took.
 pub async fn wait_all_led(seeds: &[String], shards: u32, timeout: Duration) -> Option<Duration> {
     let started = Instant::now();
     while started.elapsed() < timeout {
         let mut ok = true;
+        let mut led = vec![false; shards as usize];
         for seed in seeds {
             match node_info(seed, false).await {
-                Some(info) if info.shards.len() as u32 == shards && info.shards.iter().all(|s| s.leader != 0) => {}
-                _ => ok = false,
+                Some(info) => {
+                    for s in &info.shards {
+                        if s.leader == 0 {
+                            ok = false;
+                        } else if let Some(l) = led.get_mut(s.shard as usize) {
+                            *l = true;
+                        }
+                    }
+                }
+                None => ok = false,
             }
         }
-        if ok {
+        if ok && led.iter().all(|l| *l) {
             return Some(started.elapsed());
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -254,8 +299,14 @@ pub async fn wait_all_led(seeds: &[String], shards: u32, timeout: Duration) -> O
     None
 }
 
-/// The node that leads `shard` now.
+/// The node that leads `shard` now, as a node hosting it reports.
 pub async fn leader_of(seeds: &[String], shard: u32) -> Option<u64> {
-    let info = cluster_info(seeds, false).await?;
-    info.shards.iter().find(|s| s.shard == shard).map(|s| s.leader).filter(|l| *l != 0)
+    for seed in seeds {
+        if let Some(info) = node_info(seed, false).await
+            && let Some(s) = info.shards.iter().find(|s| s.shard == shard && s.leader != 0)
+        {
+            return Some(s.leader);
+        }
+    }
+    None
 }

@@ -1,5 +1,6 @@
 //! `tocsin-chaos`: runs the fault scenarios against a real three-node
-//! cluster and judges each with the invariant checker.
+//! cluster (four for the membership scenarios) and judges each with the
+//! invariant checker.
 //!
 //! Each scenario starts from nothing: a fresh network (bridge, one namespace
 //! per node and one for the receiver), fresh data directories, the steady
@@ -87,6 +88,9 @@ enum Fault {
     FreezeLeader,
     KillAll,
     RollingRestart,
+    AddNode,
+    RemoveNode,
+    KillDuringChange,
 }
 
 struct Scenario {
@@ -139,6 +143,27 @@ const SCENARIOS: &[Scenario] = &[
         name: "rolling-restart",
         about: "SIGTERM each node in turn (it hands its leaderships over first), restart it, wait for leaders",
         fault: Fault::RollingRestart,
+        bounds: FAILOVER_BOUNDS,
+        quick: false,
+    },
+    Scenario {
+        name: "add-node",
+        about: "start a fourth node with --join and `tocsin admin node add` it under load",
+        fault: Fault::AddNode,
+        bounds: FAILOVER_BOUNDS,
+        quick: false,
+    },
+    Scenario {
+        name: "remove-node",
+        about: "with four nodes, drain and remove the leader of shard 0 (`tocsin admin node remove`) under load",
+        fault: Fault::RemoveNode,
+        bounds: FAILOVER_BOUNDS,
+        quick: false,
+    },
+    Scenario {
+        name: "kill-during-change",
+        about: "kill -9 a shard's leader while `node add` is changing its membership; restart it, re-run the add",
+        fault: Fault::KillDuringChange,
         bounds: FAILOVER_BOUNDS,
         quick: false,
     },
@@ -297,7 +322,7 @@ async fn run(scenario: &Scenario, args: &Args, tocsin: &Path) -> anyhow::Result<
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir)?;
     let dir = dir.canonicalize()?;
-    let net = Net::create(&[("n1", 1), ("n2", 2), ("n3", 3), ("sink", 10)])?;
+    let net = Net::create(&[("n1", 1), ("n2", 2), ("n3", 3), ("n4", 4), ("sink", 10)])?;
     let mut cluster = Cluster::start(&net, tocsin, &dir, args.shards)?;
     let result = drive(scenario, args, &net, &mut cluster, &dir).await;
     if result.is_err() {
@@ -315,11 +340,17 @@ async fn drive(
     cluster: &mut Cluster,
     dir: &Path,
 ) -> anyhow::Result<(Report, Live)> {
-    let seeds = cluster.seeds();
+    let mut seeds = cluster.seeds();
     let shards = args.shards;
     cluster::wait_all_led(&seeds, shards, Duration::from_secs(60))
         .await
         .context("the cluster never had a leader for every shard")?;
+    if scenario.fault == Fault::RemoveNode {
+        // Setup, before any load: a fourth node, so that removing one leaves
+        // every shard its three replicas.
+        add_fourth(net, cluster, &seeds).await?;
+        seeds = cluster.seeds();
+    }
     let client = driver::client(seeds.clone()).await?;
     let ops = dir.join("ops.ndjson");
     let rec = Recorder::new(&ops)?;
@@ -415,6 +446,76 @@ async fn drive(
                 tokio::time::sleep(Duration::from_secs(3)).await;
             }
         }
+        Fault::AddNode => {
+            fault_start_ms = now_ms();
+            cluster.start_joiner(net.host("n4"), 4)?;
+            let n4 = cluster.node(4).grpc();
+            let added = Instant::now();
+            let (ok, out) = cluster.admin(&seeds, &["node", "add", &n4])?;
+            if !ok {
+                bail!("node add failed:\n{out}");
+            }
+            println!("    node 4 added in {} ms: {}", added.elapsed().as_millis(), last_line(&out));
+            seeds = cluster.seeds();
+        }
+        Fault::RemoveNode => {
+            let victim = leader(&seeds, 0).await?;
+            fault_start_ms = now_ms();
+            let others: Vec<String> = cluster.nodes.iter().filter(|n| n.id != victim).map(|n| n.grpc()).collect();
+            let removing = Instant::now();
+            let (ok, out) = cluster.admin(&others, &["node", "remove", &victim.to_string()])?;
+            if !ok {
+                bail!("node remove {victim} failed:\n{out}");
+            }
+            println!(
+                "    node {victim} drained and removed in {} ms: {}",
+                removing.elapsed().as_millis(),
+                last_line(&out)
+            );
+            let map = driver::client(others.clone()).await?.shard_map().await?;
+            if let Some(s) = map.shards.iter().find(|s| s.replicas.contains(&victim) || s.replicas.len() != 3) {
+                bail!("after removing node {victim}, shard {} is on {:?}", s.shard, s.replicas);
+            }
+            // The removed node holds nothing; keep only the others as seeds.
+            seeds = others;
+        }
+        Fault::KillDuringChange => {
+            cluster.start_joiner(net.host("n4"), 4)?;
+            let n4 = cluster.node(4).grpc();
+            let (tocsin, run_dir) = cluster.admin_paths();
+            let admin_seeds = seeds.clone();
+            let target = n4.clone();
+            fault_start_ms = now_ms();
+            let first = tokio::task::spawn_blocking(move || {
+                cluster::run_admin(&tocsin, &run_dir, &admin_seeds, &["node", "add", &target])
+            });
+            // Wait for a shard with node 4 as a learner: its change is under way.
+            let (shard, victim) = mid_change(&seeds, 4).await.context("node add never started a change")?;
+            println!("    kill -9 node {victim}, the leader of shard {shard}, while it adds node 4");
+            cluster.node(victim).kill9();
+            let (ok, out) = first.await.context("the admin thread panicked")??;
+            println!(
+                "    the interrupted node add {}: {}",
+                if ok { "still finished" } else { "failed" },
+                last_line(&out)
+            );
+            tokio::time::sleep(Duration::from_secs(3)).await;
+            println!("    restart node {victim}, run node add again");
+            cluster.restart(victim)?;
+            seeds = cluster.seeds();
+            cluster::wait_all_led(&seeds, shards, Duration::from_secs(30))
+                .await
+                .context("shards without a leader after the restart")?;
+            let (ok, out) = cluster.admin(&seeds, &["node", "add", &n4])?;
+            if !ok {
+                bail!("re-running node add failed:\n{out}");
+            }
+            println!("    node add re-run: {}", last_line(&out));
+            let map = driver::client(seeds.clone()).await?.shard_map().await?;
+            if let Some(s) = map.shards.iter().find(|s| s.replicas.len() != 3) {
+                bail!("after the add, shard {} is on {:?}", s.shard, s.replicas);
+            }
+        }
     }
     let healed = Instant::now();
     let fault_end_ms = now_ms();
@@ -448,6 +549,42 @@ async fn drive(
     Ok((report, live))
 }
 
+fn last_line(text: &str) -> &str {
+    text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("")
+}
+
+/// Setup for the scenarios that need four nodes: starts node 4 and adds it.
+async fn add_fourth(net: &Net, cluster: &mut Cluster, seeds: &[String]) -> anyhow::Result<()> {
+    cluster.start_joiner(net.host("n4"), 4)?;
+    let n4 = cluster.node(4).grpc();
+    let (ok, out) = cluster.admin(seeds, &["node", "add", &n4])?;
+    if !ok {
+        bail!("setup: node add failed:\n{out}");
+    }
+    println!("    setup: {}", last_line(&out));
+    cluster::wait_all_led(&cluster.seeds(), cluster.num_shards(), Duration::from_secs(30))
+        .await
+        .context("setup: shards without a leader after adding node 4")?;
+    Ok(())
+}
+
+/// Polls until some shard has `learner` as a learner (a membership change
+/// adding it is under way); returns the shard and its leader.
+async fn mid_change(seeds: &[String], learner: u64) -> Option<(u32, u64)> {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(30) {
+        for seed in seeds {
+            if let Some(info) = cluster::node_info(seed, false).await
+                && let Some(s) = info.shards.iter().find(|s| s.learners.contains(&learner) && s.leader != 0)
+            {
+                return Some((s.shard, s.leader));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
 async fn leader(seeds: &[String], shard: u32) -> anyhow::Result<u64> {
     cluster::leader_of(seeds, shard).await.with_context(|| format!("shard {shard} has no leader"))
 }
@@ -478,17 +615,19 @@ async fn new_leader_after(cluster: &Cluster, shard: u32, old: u64) -> Option<u64
 async fn digests_agree(seeds: &[String], shards: u32) -> anyhow::Result<bool> {
     let started = Instant::now();
     loop {
-        // shard -> [(node, applied, digest, count)]
+        // shard -> [(node, applied, digest, count)], and its voter count
         let mut seen: Vec<Vec<(u64, u64, u64, u64)>> = vec![Vec::new(); shards as usize];
+        let mut voters: Vec<usize> = vec![0; shards as usize];
         for seed in seeds {
             let Some(info) = cluster::node_info(seed, true).await else { continue };
             for s in info.shards {
                 if let Some(v) = seen.get_mut(s.shard as usize) {
                     v.push((info.node_id, s.digest_applied_index, s.state_digest, s.timer_count));
+                    voters[s.shard as usize] = voters[s.shard as usize].max(s.replicas.len());
                 }
             }
         }
-        let settled = seen.iter().all(|v| v.len() == 3 && v.iter().all(|r| r.1 == v[0].1));
+        let settled = seen.iter().zip(&voters).all(|(v, n)| *n > 0 && v.len() == *n && v.iter().all(|r| r.1 == v[0].1));
         if settled {
             let mut equal = true;
             for (shard, v) in seen.iter().enumerate() {
