@@ -179,9 +179,19 @@ impl Cluster {
         Ok(())
     }
 
-    /// Starts node `id` on `host` empty, waiting to be added (`--join`).
-    pub fn start_joiner(&mut self, host: &Host, id: u64) -> anyhow::Result<()> {
-        self.spawn_node(host, id, &["--join".into()])
+    /// Starts node `id` on `host` empty, waiting to be added (`--join`),
+    /// and waits until it answers.
+    pub async fn start_joiner(&mut self, host: &Host, id: u64) -> anyhow::Result<()> {
+        self.spawn_node(host, id, &["--join".into()])?;
+        let addr = self.node(id).grpc();
+        let started = Instant::now();
+        while node_info(&addr, false).await.is_none() {
+            if started.elapsed() > Duration::from_secs(30) {
+                bail!("node {id} did not answer at {addr} within 30 s");
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Ok(())
     }
 
     /// Runs `tocsin admin` (see [`run_admin`]) against `addrs`.

@@ -355,6 +355,9 @@ async fn drive(
     let ops = dir.join("ops.ndjson");
     let rec = Recorder::new(&ops)?;
     let stop = Arc::new(AtomicBool::new(false));
+    // However this scenario ends (an error included), its load stops: it
+    // must never spill into the next scenario's cluster.
+    let _stop_on_exit = StopOnDrop(stop.clone());
     let load = tokio::spawn(driver::steady(
         client.clone(),
         rec.clone(),
@@ -448,7 +451,7 @@ async fn drive(
         }
         Fault::AddNode => {
             fault_start_ms = now_ms();
-            cluster.start_joiner(net.host("n4"), 4)?;
+            cluster.start_joiner(net.host("n4"), 4).await?;
             let n4 = cluster.node(4).grpc();
             let added = Instant::now();
             let (ok, out) = cluster.admin(&seeds, &["node", "add", &n4])?;
@@ -480,7 +483,7 @@ async fn drive(
             seeds = others;
         }
         Fault::KillDuringChange => {
-            cluster.start_joiner(net.host("n4"), 4)?;
+            cluster.start_joiner(net.host("n4"), 4).await?;
             let n4 = cluster.node(4).grpc();
             let (tocsin, run_dir) = cluster.admin_paths();
             let admin_seeds = seeds.clone();
@@ -549,13 +552,22 @@ async fn drive(
     Ok((report, live))
 }
 
+/// Sets its flag when dropped.
+struct StopOnDrop(Arc<AtomicBool>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 fn last_line(text: &str) -> &str {
     text.lines().rev().find(|l| !l.trim().is_empty()).unwrap_or("")
 }
 
 /// Setup for the scenarios that need four nodes: starts node 4 and adds it.
 async fn add_fourth(net: &Net, cluster: &mut Cluster, seeds: &[String]) -> anyhow::Result<()> {
-    cluster.start_joiner(net.host("n4"), 4)?;
+    cluster.start_joiner(net.host("n4"), 4).await?;
     let n4 = cluster.node(4).grpc();
     let (ok, out) = cluster.admin(seeds, &["node", "add", &n4])?;
     if !ok {

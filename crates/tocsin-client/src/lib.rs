@@ -795,6 +795,7 @@ pub fn merge_map(into: &mut Option<pb::ShardMap>, map: pb::ShardMap) {
             Some(x) => {
                 if p.shard_epoch > x.shard_epoch {
                     x.replicas = p.replicas.clone();
+                    x.learners = p.learners.clone();
                     x.shard_epoch = p.shard_epoch;
                 }
                 if p.leader != 0 && (p.term > x.term || x.leader == 0) {
@@ -832,6 +833,7 @@ mod tests {
             leader,
             shard_epoch,
             term,
+            learners: Vec::new(),
         };
         let node = |id| pb::NodeInfo { node_id: id, ..Default::default() };
         let mut merged = None;

@@ -34,9 +34,6 @@ const MAX_LAG: u64 = 64;
 /// keeps the rebuilds from landing on the nodes all at once.
 const ROUND: Duration = Duration::from_secs(1);
 const MOVES_PER_ROUND: usize = 3;
-/// How often a node that does not host every shard refreshes the others'
-/// voter sets.
-const REMOTE_REFRESH: Duration = Duration::from_secs(2);
 
 /// Voters of `ctx`'s group that acknowledged a heartbeat recently and whose
 /// log matches this leader's to within [`MAX_LAG`] entries.
@@ -64,22 +61,21 @@ pub fn healthy_voters(ctx: &ShardCtx) -> Vec<u64> {
 /// Runs the balancer until the node stops.
 pub async fn run(node: Arc<NodeState>) {
     let mut last_move: BTreeMap<ShardId, Instant> = BTreeMap::new();
-    // Voter sets of the shards this node does not host, from the other
-    // nodes; only needed once the cluster has more nodes than replicas.
-    let mut remote: Option<(Instant, Vec<Vec<u64>>)> = None;
     loop {
         tokio::time::sleep(ROUND).await;
         if node.shutting_down() {
             return;
         }
-        let hosts_all = node.shards.ids().len() == node.config.num_shards as usize;
-        if !hosts_all && remote.as_ref().is_none_or(|(at, _)| at.elapsed() > REMOTE_REFRESH) {
-            let view = crate::view::gather(&node, Duration::from_secs(1)).await;
-            remote = Some((Instant::now(), view.shards.iter().map(|s| s.voters.clone()).collect()));
-            *node.remote_view.write().expect("view lock") = Some(view);
-        }
-        let preferred =
-            preferred_leaders(&node, if hosts_all { None } else { remote.as_ref().map(|r| r.1.as_slice()) });
+        // Voter sets of the shards this node does not host come from the
+        // other nodes (the view `reconcile.rs` refreshes); only needed once
+        // the cluster has more nodes than replicas.
+        let remote: Option<Vec<Vec<u64>>> = node
+            .remote_view
+            .read()
+            .expect("view lock")
+            .as_ref()
+            .map(|view| view.shards.iter().map(|s| s.voters.clone()).collect());
+        let preferred = preferred_leaders(&node, remote.as_deref());
         let mut moves = 0;
         for ctx in node.shards.all() {
             if ctx.epoch().is_none() {

@@ -37,6 +37,7 @@ pub mod node;
 pub mod ops;
 pub mod proposer;
 pub mod raft;
+pub mod reconcile;
 pub mod replicas;
 pub mod shard;
 pub mod view;

@@ -428,9 +428,9 @@ impl Node {
             state.persist_hosted(true).await?;
         }
 
-        let supervisors = vec![tokio::spawn(crate::balance::run(state.clone()))];
+        let supervisors =
+            vec![tokio::spawn(crate::balance::run(state.clone())), tokio::spawn(crate::reconcile::run(state.clone()))];
         tracing::info!(node_id, %grpc_addr, %http_addr, shards = config.num_shards, hosted = hosted.len(), data = %config.data_dir.display(), "node started");
-        tracing::info!(node_id, %grpc_addr, %http_addr, shards = config.num_shards, data = %config.data_dir.display(), "node started");
         Ok(Node { state, grpc_addr, http_addr, shutdown, servers, supervisors })
     }
 

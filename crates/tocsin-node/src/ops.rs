@@ -60,7 +60,9 @@ pub fn plan_add(view: &ClusterView, new: u64, rf: usize) -> Vec<Move> {
         .filter_map(|shard| {
             let from = view.shards[shard as usize].voters.clone();
             let to = sorted(ring.replicas(shard, rf));
-            (to.contains(&new) && !from.contains(&new) && !from.is_empty()).then_some(Move { shard, from, to })
+            // `from != to` also catches a change to this placement that was
+            // left in joint consensus (its voters are the union).
+            (to.contains(&new) && from != to && !from.is_empty()).then_some(Move { shard, from, to })
         })
         .collect()
 }

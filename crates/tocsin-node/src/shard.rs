@@ -24,6 +24,9 @@ use crate::config::NodeConfig;
 use crate::events::EventSink;
 use crate::proposer::Proposer;
 
+/// How many recent fire lateness samples a shard keeps for its status.
+pub const LATENESS_SAMPLES: usize = 2048;
+
 /// Whether this node fires for a shard.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Leadership {
@@ -47,6 +50,9 @@ pub struct ShardCtx {
     /// Held while this node changes the shard's voter set, so changes to one
     /// shard's membership never overlap.
     pub membership_change: tokio::sync::Mutex<()>,
+    /// The latest fire lateness samples (at most [`LATENESS_SAMPLES`]), for
+    /// `tocsin admin status`.
+    lateness_ms: std::sync::Mutex<std::collections::VecDeque<u64>>,
     /// How long a quorum acknowledgement keeps the lease: openraft's own
     /// leader lease, the minimum election timeout (no follower elects before
     /// it runs out).
@@ -75,8 +81,28 @@ impl ShardCtx {
             config,
             leadership: watch::channel(Leadership::Follower).0,
             membership_change: tokio::sync::Mutex::new(()),
+            lateness_ms: std::sync::Mutex::new(std::collections::VecDeque::with_capacity(LATENESS_SAMPLES)),
             lease,
         }
+    }
+
+    /// Records how late a fire of this shard was.
+    pub fn record_lateness(&self, lateness_ms: u64) {
+        let mut samples = self.lateness_ms.lock().expect("lateness lock");
+        if samples.len() == LATENESS_SAMPLES {
+            samples.pop_front();
+        }
+        samples.push_back(lateness_ms);
+    }
+
+    /// p99 of the latest fire lateness samples; 0 before any fire.
+    pub fn lateness_ms_p99(&self) -> u64 {
+        let mut v: Vec<u64> = self.lateness_ms.lock().expect("lateness lock").iter().copied().collect();
+        if v.is_empty() {
+            return 0;
+        }
+        v.sort_unstable();
+        v[(v.len() - 1) * 99 / 100]
     }
 
     pub fn leadership(&self) -> Leadership {

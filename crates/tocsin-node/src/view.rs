@@ -4,7 +4,7 @@
 //! No node hosts every shard once a cluster has more nodes than the
 //! replication factor, so admin operations and the leader balancer ask the
 //! others. A shard's voter set is taken from the report with the newest
-//! membership (`shard_epoch` is the log index of the membership entry), and
+//! committed membership (`shard_epoch` is the log index of its entry), and
 //! its leader from the report with the highest term that names one, a
 //! leader's report about itself winning ties.
 
@@ -26,7 +26,9 @@ use crate::node::NodeState;
 pub struct ShardView {
     /// Voters, sorted; empty when no reachable node hosts the shard.
     pub voters: Vec<u64>,
-    /// Log index of the membership `voters` came from.
+    /// Learners of that membership.
+    pub learners: Vec<u64>,
+    /// Log index of the (committed) membership `voters` came from.
     pub membership_index: u64,
     /// The leader, or 0 if none is known.
     pub leader: u64,
@@ -68,6 +70,7 @@ impl ClusterView {
                 let mut voters = p.replicas.clone();
                 voters.sort_unstable();
                 s.voters = voters;
+                s.learners = p.learners.clone();
                 s.membership_index = p.shard_epoch;
             }
             let self_reported = p.leader != 0 && p.leader == from;
@@ -154,6 +157,7 @@ mod tests {
                     leader: *leader,
                     shard_epoch: *epoch,
                     term: *term,
+                    learners: Vec::new(),
                 })
                 .collect(),
         }

@@ -22,7 +22,7 @@ use crate::support::Fate;
 use crate::support::NodeProcess;
 use crate::support::Receiver;
 use crate::support::create_and_cancel_fifth;
-use crate::support::free_port;
+use crate::support::free_ports;
 use crate::support::now_ms;
 use crate::support::percentiles;
 
@@ -61,8 +61,9 @@ async fn placements(client: &Client) -> Vec<BTreeSet<u64>> {
 async fn add_drain_remove_and_decommission_under_load() {
     let dir = tempfile::tempdir().unwrap();
     let receiver = Receiver::start().await;
+    let ports = free_ports(8);
     let addrs: Vec<(String, String)> =
-        (0..4).map(|_| (format!("127.0.0.1:{}", free_port()), format!("127.0.0.1:{}", free_port()))).collect();
+        ports.chunks(2).map(|p| (format!("127.0.0.1:{}", p[0]), format!("127.0.0.1:{}", p[1]))).collect();
     let initial = (0..3).map(|i| format!("{}={}/{}", i + 1, addrs[i].0, addrs[i].1)).collect::<Vec<_>>().join(",");
 
     // Phase: three nodes, eight shards, three replicas each.

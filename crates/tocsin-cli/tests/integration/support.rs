@@ -17,9 +17,11 @@ pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
 }
 
-/// A port nothing listens on right now.
-pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+/// `n` distinct ports nothing listens on right now (all held while they are
+/// picked, so none is handed out twice).
+pub fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    held.iter().map(|l| l.local_addr().unwrap().port()).collect()
 }
 
 /// One `tocsin serve` process.
@@ -37,11 +39,12 @@ pub struct NodeProcess {
 impl NodeProcess {
     /// Starts a single-node cluster with `env` as extra `TOCSIN_*` settings.
     pub fn start(dir: &std::path::Path, env: &[(&str, &str)]) -> NodeProcess {
+        let ports = free_ports(2);
         let mut node = NodeProcess {
             node_id: 1,
             data: dir.join("data"),
-            grpc: format!("127.0.0.1:{}", free_port()),
-            http: format!("127.0.0.1:{}", free_port()),
+            grpc: format!("127.0.0.1:{}", ports[0]),
+            http: format!("127.0.0.1:{}", ports[1]),
             args: Vec::new(),
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             child: None,

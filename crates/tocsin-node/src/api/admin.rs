@@ -84,7 +84,7 @@ impl AdminApi {
                 pending_timers: meta.scheduled,
                 firing_timers: meta.firing,
                 wheel_size: 0,
-                lateness_ms_p99: 0,
+                lateness_ms_p99: ctx.lateness_ms_p99(),
                 state_digest: 0,
                 timer_count: 0,
                 digest_applied_index: 0,
@@ -125,12 +125,21 @@ impl AdminApi {
                     let cut_off = s.leader == self.node.node_id
                         && self.node.shard(s.shard).is_ok_and(|ctx| ctx.proposer.quorum_lost());
                     let leader = if cut_off { 0 } else { s.leader };
-                    // The membership entry's log index: newer replica sets
-                    // have higher ones (see `view.rs`).
-                    let shard_epoch = self.node.shard(s.shard).ok().map_or(0, |ctx| {
-                        ctx.raft.metrics().borrow_watched().membership_config.log_id().as_ref().map_or(0, |l| l.index)
-                    });
-                    pb::ShardPlacement { shard: s.shard, replicas: s.replicas, leader, shard_epoch, term: s.term }
+                    // The last committed membership, and its log index:
+                    // newer replica sets have higher ones (see `view.rs`).
+                    let (replicas, learners, shard_epoch) = match self.node.shard(s.shard) {
+                        Ok(ctx) => {
+                            let m = ctx.raft.metrics().borrow_watched().clone();
+                            let committed = m.committed_membership_config.clone();
+                            (
+                                committed.membership().voter_ids().collect(),
+                                committed.membership().learner_ids().collect(),
+                                committed.log_id().as_ref().map_or(0, |l| l.index),
+                            )
+                        }
+                        Err(_) => (s.replicas, s.learners, 0),
+                    };
+                    pb::ShardPlacement { shard: s.shard, replicas, leader, shard_epoch, term: s.term, learners }
                 })
                 .collect(),
         }

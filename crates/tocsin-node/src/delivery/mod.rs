@@ -30,6 +30,7 @@ impl Dispatcher {
             let lateness_ms = clock::now_ms().saturating_sub(record.fire_at_ms);
             metrics::histogram!("tocsin_fire_lateness_seconds", "namespace" => key.namespace.clone())
                 .record(lateness_ms as f64 / 1000.0);
+            ctx.record_lateness(lateness_ms);
         }
         match (&record.callback, fire.phase) {
             (Callback::Webhook { .. }, FirePhase::InFlight { .. }) => {
