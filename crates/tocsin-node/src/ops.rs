@@ -268,7 +268,8 @@ async fn run_moves(node: &Arc<NodeState>, view: &mut ClusterView, moves: &[Move]
             Ok(bytes) => {
                 rep.done += 1;
                 rep.bytes += bytes;
-                rep.say("moved", format!("shard {} is on {:?}", m.shard, m.to)).await;
+                let streamed = if bytes > 0 { format!(" ({bytes} snapshot bytes streamed)") } else { String::new() };
+                rep.say("moved", format!("shard {} is on {:?}{streamed}", m.shard, m.to)).await;
             }
             Err(e) => {
                 rep.fail(e).await;
@@ -326,9 +327,10 @@ pub async fn add_node(node: Arc<NodeState>, grpc_addr: String, http_addr: String
     rep.say("leaders", "waiting for the balancer to hand leaderships to the new node").await;
     let led = wait_for_leaders(&node, new, Duration::from_secs(15)).await;
     rep.finish(format!(
-        "node {new} added: it holds a replica of {} shards ({} moved now) and leads {led}",
+        "node {new} added: it holds a replica of {} shards ({} moved now, {} snapshot bytes streamed) and leads {led}",
         crate::view::gather(&node, VIEW_TIMEOUT).await.shards.iter().filter(|s| s.voters.contains(&new)).count(),
-        moves.len()
+        moves.len(),
+        rep.bytes
     ))
     .await;
 }
