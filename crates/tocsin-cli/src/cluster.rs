@@ -81,9 +81,7 @@ async fn whole_cluster(client: &Client, digests: bool) -> anyhow::Result<pb::Clu
             let by_leader = s.leader == node.node_id;
             let better = match shards.get(&s.shard) {
                 None => true,
-                Some((have, have_by_leader)) => {
-                    (by_leader && !have_by_leader) || (!have_by_leader && s.term > have.term)
-                }
+                Some((have, have_by_leader)) => !have_by_leader && (by_leader || s.term > have.term),
             };
             if better {
                 shards.insert(s.shard, (s, by_leader));
