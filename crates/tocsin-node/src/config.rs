@@ -338,7 +338,9 @@ impl NodeConfig {
         }
         out.sort_by_key(|m| m.0);
         out.dedup_by_key(|m| m.0);
-        if !out.iter().any(|m| m.0 == self.node_id) {
+        // A joining node may name the cluster it will join without being in
+        // it (a StatefulSet gives every pod the same flags).
+        if !self.join && !out.iter().any(|m| m.0 == self.node_id) {
             return Err(ConfigError::Invalid {
                 field: "initial_cluster".into(),
                 message: format!("does not list this node's id {}", self.node_id),
@@ -395,6 +397,22 @@ mod tests {
         assert_eq!(c.initial_members().unwrap()[1], (3, "c:3".to_string(), "c:4".to_string()));
         // With no advertise address, the node's own entry is what it advertises.
         assert_eq!((c.grpc_advertise(), c.http_advertise()), ("c:3".to_string(), "c:4".to_string()));
+    }
+
+    #[test]
+    fn a_joining_node_need_not_be_in_the_initial_cluster() {
+        let env = |join: &str| {
+            [
+                ("TOCSIN_NODE_ID".to_string(), "4".to_string()),
+                ("TOCSIN_INITIAL_CLUSTER".to_string(), "[\"1=a:1\", \"2=b:1\", \"3=c:1\"]".to_string()),
+                ("TOCSIN_JOIN".to_string(), join.to_string()),
+            ]
+        };
+        let err = NodeConfig::load(None, env("false")).unwrap_err();
+        assert!(err.to_string().contains("does not list this node's id 4"), "{err}");
+        let c = NodeConfig::load(None, env("true")).unwrap();
+        assert!(c.join);
+        assert_eq!(c.initial_members().unwrap().len(), 3);
     }
 
     #[test]

@@ -54,17 +54,9 @@ fn sorted(mut v: Vec<u64>) -> Vec<u64> {
 pub fn plan_add(view: &ClusterView, new: u64, rf: usize) -> Vec<Move> {
     let mut nodes = view.voter_nodes();
     nodes.insert(new);
-    let ring = Ring::new(nodes.iter().copied());
-    let rf = rf.min(nodes.len());
-    (0..view.num_shards)
-        .filter_map(|shard| {
-            let from = view.shards[shard as usize].voters.clone();
-            let to = sorted(ring.replicas(shard, rf));
-            // `from != to` also catches a change to this placement that was
-            // left in joint consensus (its voters are the union).
-            (to.contains(&new) && from != to && !from.is_empty()).then_some(Move { shard, from, to })
-        })
-        .collect()
+    // `to.contains(&new)` also catches a change to this placement that was
+    // left in joint consensus (its voters are the union, never equal).
+    ring_moves(view, &nodes, rf, |to| to.contains(&new))
 }
 
 /// Removing `gone`: every shard with a replica on it gets, in its place,
@@ -97,14 +89,19 @@ pub fn plan_remove(view: &ClusterView, gone: u64, rf: usize) -> Vec<Move> {
 /// Rebalancing: every shard moves to the ring's replica set over the nodes
 /// that hold replicas now.
 pub fn plan_rebalance(view: &ClusterView, rf: usize) -> Vec<Move> {
-    let nodes = view.voter_nodes();
+    ring_moves(view, &view.voter_nodes(), rf, |_| true)
+}
+
+/// The moves that put each hosted shard whose ring placement over `nodes`
+/// passes `wanted` and differs from its voters onto that placement.
+fn ring_moves(view: &ClusterView, nodes: &BTreeSet<u64>, rf: usize, wanted: impl Fn(&[u64]) -> bool) -> Vec<Move> {
     let ring = Ring::new(nodes.iter().copied());
     let rf = rf.min(nodes.len());
     (0..view.num_shards)
         .filter_map(|shard| {
             let from = view.shards[shard as usize].voters.clone();
             let to = sorted(ring.replicas(shard, rf));
-            (from != to && !from.is_empty()).then_some(Move { shard, from, to })
+            (wanted(&to) && from != to && !from.is_empty()).then_some(Move { shard, from, to })
         })
         .collect()
 }

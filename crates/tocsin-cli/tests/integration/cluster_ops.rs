@@ -107,9 +107,10 @@ async fn add_drain_remove_and_decommission_under_load() {
     };
     tokio::time::sleep(Duration::from_secs(2)).await;
 
-    // Phase: node 4 starts empty and is added.
+    // Phase: node 4 starts empty and is added. Like a StatefulSet pod, it is
+    // given the same --initial-cluster as the others, which does not list it.
     let (grpc4, http4) = &addrs[3];
-    let mut n4 = NodeProcess::start_member(dir.path(), 4, grpc4, http4, &["--join"]);
+    let mut n4 = NodeProcess::start_member(dir.path(), 4, grpc4, http4, &["--join", "--initial-cluster", &initial]);
     n4.wait_ready();
     nodes.insert(4, n4);
     let (ok, out) = admin(&seeds[0], &["node", "add", grpc4]);
