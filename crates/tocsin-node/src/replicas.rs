@@ -148,15 +148,39 @@ pub async fn set_replicas(
             node.router.set_addr(*id, &addr.grpc_addr);
         }
         tracing::info!(shard, node = id, "adding a learner and waiting for it to catch up");
-        match tokio::time::timeout(CATCH_UP_TIMEOUT, ctx.raft.add_learner(*id, addr.clone(), true)).await {
+        let deadline = tokio::time::Instant::now() + CATCH_UP_TIMEOUT;
+        let too_slow = || ApiError::Unavailable {
+            message: format!("node {id} did not catch up on shard {shard} within {CATCH_UP_TIMEOUT:?}"),
+            leader: None,
+            retry_after_ms: 1000,
+        };
+        // openraft's blocking add_learner counts a learner within
+        // `replication_lag_threshold` entries (thousands) as caught up, so
+        // it can return while a snapshot is still streaming: wait for the
+        // learner to hold everything the log had once it was added.
+        match tokio::time::timeout_at(deadline, ctx.raft.add_learner(*id, addr.clone(), false)).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(raft_error(&ctx, "adding a learner", e)),
-            Err(_) => {
-                return Err(ApiError::Unavailable {
-                    message: format!("node {id} did not catch up on shard {shard} within {CATCH_UP_TIMEOUT:?}"),
-                    leader: None,
-                    retry_after_ms: 1000,
-                });
+            Err(_) => return Err(too_slow()),
+        }
+        let target = ctx.raft.metrics().borrow_watched().last_log_index.unwrap_or(0);
+        let mut metrics = ctx.raft.metrics();
+        loop {
+            let (matched, leading) = {
+                let m = metrics.borrow_watched();
+                let matched = m.replication.as_ref().and_then(|r| r.get(id).cloned().flatten()).map_or(0, |l| l.index);
+                (matched, m.state == openraft::ServerState::Leader)
+            };
+            if !leading {
+                return Err(not_leader(&ctx));
+            }
+            if matched >= target {
+                break;
+            }
+            match tokio::time::timeout_at(deadline, metrics.changed()).await {
+                Ok(Ok(())) => {}
+                Ok(Err(_)) => return Err(not_leader(&ctx)),
+                Err(_) => return Err(too_slow()),
             }
         }
     }

@@ -26,6 +26,9 @@ use crate::support::free_ports;
 use crate::support::now_ms;
 use crate::support::percentiles;
 
+const SMALL_SNAPSHOTS: &[(&str, &str)] =
+    &[("TOCSIN_RAFT__SNAPSHOT_EVERY_ENTRIES", "20"), ("TOCSIN_RAFT__KEEP_ENTRIES_AFTER_SNAPSHOT", "5")];
+
 /// Runs `tocsin admin …` against `addr`; returns (success, stdout + stderr).
 fn admin(addr: &str, args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_tocsin"))
@@ -66,11 +69,14 @@ async fn add_drain_remove_and_decommission_under_load() {
         ports.chunks(2).map(|p| (format!("127.0.0.1:{}", p[0]), format!("127.0.0.1:{}", p[1]))).collect();
     let initial = (0..3).map(|i| format!("{}={}/{}", i + 1, addrs[i].0, addrs[i].1)).collect::<Vec<_>>().join(",");
 
-    // Phase: three nodes, eight shards, three replicas each.
+    // Phase: three nodes, eight shards, three replicas each. Snapshots every
+    // 20 entries, keeping 5: a replica added later catches up by snapshot.
     let mut nodes: HashMap<u64, NodeProcess> = HashMap::new();
     for id in 1..=3u64 {
         let (grpc, http) = &addrs[id as usize - 1];
-        nodes.insert(id, NodeProcess::start_member(dir.path(), id, grpc, http, &["--initial-cluster", &initial]));
+        let node =
+            NodeProcess::start_member(dir.path(), id, grpc, http, &["--initial-cluster", &initial], SMALL_SNAPSHOTS);
+        nodes.insert(id, node);
     }
     for node in nodes.values_mut() {
         node.wait_ready();
@@ -110,11 +116,21 @@ async fn add_drain_remove_and_decommission_under_load() {
     // Phase: node 4 starts empty and is added. Like a StatefulSet pod, it is
     // given the same --initial-cluster as the others, which does not list it.
     let (grpc4, http4) = &addrs[3];
-    let mut n4 = NodeProcess::start_member(dir.path(), 4, grpc4, http4, &["--join", "--initial-cluster", &initial]);
+    let mut n4 = NodeProcess::start_member(
+        dir.path(),
+        4,
+        grpc4,
+        http4,
+        &["--join", "--initial-cluster", &initial],
+        SMALL_SNAPSHOTS,
+    );
     n4.wait_ready();
     nodes.insert(4, n4);
     let (ok, out) = admin(&seeds[0], &["node", "add", grpc4]);
     assert!(ok && out.contains("node 4 added"), "node add failed:\n{out}");
+    // The logs were purged behind snapshots, so node 4 caught up by snapshot;
+    // the leader waits for that before promoting it, and reports the bytes.
+    assert!(out.contains(" snapshot bytes streamed)"), "no move streamed a snapshot:\n{out}");
     let after_add = placements(&client).await;
     let on4 = after_add.iter().filter(|v| v.contains(&4)).count();
     assert!(on4 > 0, "node 4 holds no replica: {after_add:?}");

@@ -58,14 +58,25 @@ impl NodeProcess {
     /// Starts node `node_id` of a cluster on `grpc`/`http` with extra
     /// `serve` arguments, without waiting for it to be ready (its peers may
     /// not be up yet).
-    pub fn start_member(dir: &std::path::Path, node_id: u64, grpc: &str, http: &str, args: &[&str]) -> NodeProcess {
+    pub fn start_member(
+        dir: &std::path::Path,
+        node_id: u64,
+        grpc: &str,
+        http: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> NodeProcess {
         let mut node = NodeProcess {
             node_id,
             data: dir.join(format!("data-{node_id}")),
             grpc: grpc.to_string(),
             http: http.to_string(),
             args: args.iter().map(|a| a.to_string()).collect(),
-            env: vec![("TOCSIN_REPLICATION_FACTOR".into(), "3".into())],
+            env: [("TOCSIN_REPLICATION_FACTOR", "3")]
+                .iter()
+                .chain(env)
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             child: None,
             log: dir.join(format!("node-{node_id}.log")),
         };
