@@ -34,9 +34,15 @@ impl Forwarder {
     }
 
     pub fn client(&self, addr: &str) -> Option<TimerServiceClient<Channel>> {
+        Some(TimerServiceClient::new(self.channel(addr)?).max_decoding_message_size(64 << 20))
+    }
+
+    /// The cached channel to the node at `addr` (any of its gRPC services),
+    /// created lazily on first use.
+    pub fn channel(&self, addr: &str) -> Option<Channel> {
         let mut channels = self.channels.lock().expect("channels lock");
         if let Some(c) = channels.get(addr) {
-            return Some(TimerServiceClient::new(c.clone()).max_decoding_message_size(64 << 20));
+            return Some(c.clone());
         }
         let channel = Endpoint::from_shared(format!("http://{addr}"))
             .ok()?
@@ -45,7 +51,7 @@ impl Forwarder {
             .tcp_nodelay(true)
             .connect_lazy();
         channels.insert(addr.to_string(), channel.clone());
-        Some(TimerServiceClient::new(channel).max_decoding_message_size(64 << 20))
+        Some(channel)
     }
 
     /// A request marked as forwarded (and, optionally, for one shard).

@@ -201,11 +201,7 @@ async fn execute(node: &Arc<NodeState>, view: &mut ClusterView, m: &Move) -> Res
         }
         let leader = view.shards[m.shard as usize].leader;
         let result = if leader == 0 {
-            Err(ApiError::Unavailable {
-                message: format!("shard {} has no known leader", m.shard),
-                leader: None,
-                retry_after_ms: 300,
-            })
+            Err(ApiError::unavailable(format!("shard {} has no known leader", m.shard), 300))
         } else if leader == node.node_id {
             let target = target
                 .iter()
@@ -223,11 +219,7 @@ async fn execute(node: &Arc<NodeState>, view: &mut ClusterView, m: &Move) -> Res
                         tonic::Code::InvalidArgument | tonic::Code::FailedPrecondition => {
                             ApiError::FailedPrecondition(s.message().to_string())
                         }
-                        _ => ApiError::Unavailable {
-                            message: s.message().to_string(),
-                            leader: None,
-                            retry_after_ms: 300,
-                        },
+                        _ => ApiError::unavailable(s.message(), 300),
                     }),
                 Err(e) => Err(e),
             }
@@ -238,11 +230,10 @@ async fn execute(node: &Arc<NodeState>, view: &mut ClusterView, m: &Move) -> Res
             Err(e) => e.to_string(),
         };
         if tokio::time::Instant::now() > deadline {
-            return Err(ApiError::Unavailable {
-                message: format!("shard {}: gave up after {MOVE_DEADLINE:?}: {last}", m.shard),
-                leader: None,
-                retry_after_ms: 1000,
-            });
+            return Err(ApiError::unavailable(
+                format!("shard {}: gave up after {MOVE_DEADLINE:?}: {last}", m.shard),
+                1000,
+            ));
         }
         tracing::info!(shard = m.shard, error = %last, "retrying the move");
         tokio::time::sleep(Duration::from_millis(300)).await;
@@ -472,11 +463,7 @@ async fn sweep(view: &ClusterView, gone: u64) {
 
 async fn fetch_info(grpc_addr: &str) -> Result<pb::ClusterInfo, ApiError> {
     use tocsin_proto::v1::admin_service_client::AdminServiceClient;
-    let unreachable = |e: String| ApiError::Unavailable {
-        message: format!("cannot reach the node at {grpc_addr}: {e}"),
-        leader: None,
-        retry_after_ms: 1000,
-    };
+    let unreachable = |e: String| ApiError::unavailable(format!("cannot reach the node at {grpc_addr}: {e}"), 1000);
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{grpc_addr}"))
         .map_err(|e| ApiError::invalid("grpc_addr", format!("{grpc_addr:?} is not host:port: {e}")))?
         .connect_timeout(Duration::from_secs(3))

@@ -53,11 +53,8 @@ pub async fn control_client(addr: &str, timeout: Duration) -> Result<ReplicaCont
         .connect_timeout(Duration::from_secs(2))
         .timeout(timeout)
         .tcp_nodelay(true);
-    let channel = endpoint.connect().await.map_err(|e| ApiError::Unavailable {
-        message: format!("cannot reach {addr}: {e}"),
-        leader: None,
-        retry_after_ms: 500,
-    })?;
+    let channel =
+        endpoint.connect().await.map_err(|e| ApiError::unavailable(format!("cannot reach {addr}: {e}"), 500))?;
     Ok(ReplicaControlClient::new(channel))
 }
 
@@ -75,11 +72,7 @@ fn raft_error(
 ) -> ApiError {
     match to_propose_error(e) {
         e @ (ProposeError::NotLeader { .. } | ProposeError::Discarded { .. }) => ApiError::from_propose(ctx.shard, e),
-        other => ApiError::Unavailable {
-            message: format!("{what} of shard {} failed: {other}", ctx.shard),
-            leader: None,
-            retry_after_ms: 500,
-        },
+        other => ApiError::unavailable(format!("{what} of shard {} failed: {other}", ctx.shard), 500),
     }
 }
 
@@ -140,19 +133,18 @@ pub async fn set_replicas(
     for (id, addr) in target.iter().filter(|(id, _)| !current.contains(id)) {
         if *id != node.node_id {
             let mut client = control_client(&addr.grpc_addr, CONTROL_RPC_TIMEOUT).await?;
-            client.host_shard(pb::HostShardRequest { shard }).await.map_err(|s| ApiError::Unavailable {
-                message: format!("node {id} could not host shard {shard}: {}", s.message()),
-                leader: None,
-                retry_after_ms: 500,
+            client.host_shard(pb::HostShardRequest { shard }).await.map_err(|s| {
+                ApiError::unavailable(format!("node {id} could not host shard {shard}: {}", s.message()), 500)
             })?;
             node.router.set_addr(*id, &addr.grpc_addr);
         }
         tracing::info!(shard, node = id, "adding a learner and waiting for it to catch up");
         let deadline = tokio::time::Instant::now() + CATCH_UP_TIMEOUT;
-        let too_slow = || ApiError::Unavailable {
-            message: format!("node {id} did not catch up on shard {shard} within {CATCH_UP_TIMEOUT:?}"),
-            leader: None,
-            retry_after_ms: 1000,
+        let too_slow = || {
+            ApiError::unavailable(
+                format!("node {id} did not catch up on shard {shard} within {CATCH_UP_TIMEOUT:?}"),
+                1000,
+            )
         };
         // openraft's blocking add_learner counts a learner within
         // `replication_lag_threshold` entries (thousands) as caught up, so
@@ -227,13 +219,13 @@ pub async fn set_replicas(
 
 async fn release_on(addr: &str, shard: ShardId, voters: &BTreeSet<u64>) -> Result<bool, ApiError> {
     if addr.is_empty() {
-        return Err(ApiError::Unavailable { message: "no address known".into(), leader: None, retry_after_ms: 0 });
+        return Err(ApiError::unavailable("no address known", 0));
     }
     let mut client = control_client(addr, CONTROL_RPC_TIMEOUT).await?;
     let resp = client
         .release_shard(pb::ReleaseShardRequest { shard, voters: voters.iter().copied().collect() })
         .await
-        .map_err(|s| ApiError::Unavailable { message: s.message().to_string(), leader: None, retry_after_ms: 0 })?;
+        .map_err(|s| ApiError::unavailable(s.message(), 0))?;
     Ok(resp.into_inner().released)
 }
 

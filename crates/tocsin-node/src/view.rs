@@ -16,7 +16,7 @@ use std::time::Duration;
 use tocsin_proto::v1 as pb;
 use tocsin_proto::v1::admin_service_client::AdminServiceClient;
 use tocsin_store::NodeAddr;
-use tonic::transport::Endpoint;
+use tonic::transport::Channel;
 
 use crate::api::admin::AdminApi;
 use crate::node::NodeState;
@@ -111,9 +111,9 @@ pub async fn gather(node: &Arc<NodeState>, timeout: Duration) -> ClusterView {
             break;
         }
         let answers = futures::future::join_all(targets.iter().map(|(id, addr)| {
-            let addr = addr.clone();
+            let channel = node.forwarder.channel(addr);
             let id = *id;
-            async move { (id, fetch_map(&addr, timeout).await) }
+            async move { (id, fetch_map(channel, timeout).await) }
         }))
         .await;
         for (id, answer) in answers {
@@ -126,14 +126,13 @@ pub async fn gather(node: &Arc<NodeState>, timeout: Duration) -> ClusterView {
     view
 }
 
-/// One node's shard map, or `None` if it did not answer in time.
-pub async fn fetch_map(addr: &str, timeout: Duration) -> Option<pb::ShardMap> {
-    let channel = Endpoint::from_shared(format!("http://{addr}")).ok()?.connect_timeout(timeout).timeout(timeout);
-    let call = async move {
-        let channel = channel.connect().await.ok()?;
-        AdminServiceClient::new(channel).get_shard_map(pb::GetShardMapRequest {}).await.ok().map(|r| r.into_inner())
-    };
-    tokio::time::timeout(timeout, call).await.ok().flatten()
+/// One node's shard map over its cached channel, or `None` if it did not
+/// answer in time. The view is refreshed every few seconds on every node,
+/// so it reuses connections rather than opening new ones.
+async fn fetch_map(channel: Option<Channel>, timeout: Duration) -> Option<pb::ShardMap> {
+    let mut admin = AdminServiceClient::new(channel?);
+    let call = admin.get_shard_map(pb::GetShardMapRequest {});
+    tokio::time::timeout(timeout, call).await.ok()?.ok().map(|r| r.into_inner())
 }
 
 #[cfg(test)]

@@ -40,6 +40,11 @@ impl ApiError {
         ApiError::InvalidArgument { field: field.into(), message: message.into() }
     }
 
+    /// UNAVAILABLE with no leader to point at: retry after `retry_after_ms`.
+    pub fn unavailable(message: impl Into<String>, retry_after_ms: u64) -> ApiError {
+        ApiError::Unavailable { message: message.into(), leader: None, retry_after_ms }
+    }
+
     /// Maps a failed proposal on `shard`.
     pub fn from_propose(shard: u32, e: ProposeError) -> ApiError {
         let hint = |leader: Option<(u64, tocsin_store::NodeAddr)>| {
