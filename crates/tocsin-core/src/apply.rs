@@ -197,7 +197,37 @@ pub fn apply_command<T: TimerTable>(
             }
             Ok(CommandResult::Purged { count })
         }
+        Command::Cluster(_) => Err(rules.broken("a cluster-map command in a shard's log".into())),
     }
+}
+
+/// Applies one entry of the metadata group's log to the cluster map. Any
+/// command but [`Command::Cluster`], or a stored map that breaks the map's
+/// rules, is a broken invariant: the group stops.
+pub fn apply_cluster_proposal<E>(
+    map: &mut crate::cluster::ClusterMap,
+    index: u64,
+    proposal: &Proposal,
+) -> Result<Vec<CommandResult>, E> {
+    if proposal.commands.len() > crate::command::MAX_COMMANDS_PER_PROPOSAL {
+        return Err(ApplyError::Invariant {
+            index,
+            message: format!("metadata entry carries {} commands", proposal.commands.len()),
+        });
+    }
+    proposal
+        .commands
+        .iter()
+        .map(|cmd| match cmd {
+            Command::Cluster(c) => crate::cluster::apply_cluster(map, c, proposal.now_ms)
+                .map(CommandResult::Cluster)
+                .map_err(|message| ApplyError::Invariant { index, message }),
+            other => Err(ApplyError::Invariant {
+                index,
+                message: format!("a shard command in the metadata log: {:?}", other.key()),
+            }),
+        })
+        .collect()
 }
 
 struct Rules<'a, T> {

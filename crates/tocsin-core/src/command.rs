@@ -1,7 +1,8 @@
 //! The commands a shard's Raft log carries, and what applying each returns.
 //!
 //! One log entry carries a [`Proposal`]: a batch of commands plus the time
-//! the leader stamped on it. Everything apply needs is in the entry, so every
+//! the leader stamped on it. The metadata group's entries use the same
+//! shape, with [`Command::Cluster`] commands only. Everything apply needs is in the entry, so every
 //! replica reaches the same state (time is data).
 
 use serde::Deserialize;
@@ -90,6 +91,9 @@ pub enum Command {
     Purge {
         keys: Vec<TimerKey>,
     },
+    /// A change to the cluster map. Only the metadata group's log carries
+    /// these, and it carries nothing else.
+    Cluster(crate::cluster::ClusterCommand),
 }
 
 impl Command {
@@ -102,7 +106,7 @@ impl Command {
             | Command::Fire { key, .. }
             | Command::Reserve { key, .. }
             | Command::AttemptResult { key, .. } => Some(key),
-            Command::LeaderEpoch { .. } | Command::Purge { .. } => None,
+            Command::LeaderEpoch { .. } | Command::Purge { .. } | Command::Cluster(_) => None,
         }
     }
 }
@@ -191,6 +195,8 @@ pub enum CommandResult {
     Purged {
         count: u32,
     },
+    /// What a cluster-map command did (metadata group only).
+    Cluster(crate::cluster::ClusterOutcome),
 }
 
 /// What applying one log entry returned: one result per command.

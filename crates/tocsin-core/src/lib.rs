@@ -8,7 +8,10 @@
 //!   shard's state;
 //! - [`routing`]: key → shard (jump hash over xxh3) and shard → nodes (a
 //!   token ring);
-//! - [`backoff`]: the retry schedule.
+//! - [`backoff`]: the retry schedule;
+//! - [`cluster`]: the replicated cluster map (nodes, their states, each
+//!   shard's target replicas, the map epoch), its rules and the planners of
+//!   cluster operations.
 //!
 //! **Architecture Invariant:** nothing here reads a clock, touches a file or a
 //! socket, or links RocksDB, tonic or openraft. Time arrives as data
@@ -16,6 +19,7 @@
 
 pub mod apply;
 pub mod backoff;
+pub mod cluster;
 pub mod command;
 pub mod limits;
 pub mod mem_table;

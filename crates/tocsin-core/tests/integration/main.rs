@@ -2,3 +2,4 @@
 
 mod apply_model;
 mod apply_rules;
+mod cluster_model;

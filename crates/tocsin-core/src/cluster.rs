@@ -1,0 +1,780 @@
+//! The cluster map: which nodes make up the cluster and where each shard's
+//! replicas belong. The metadata Raft group replicates it; every node
+//! caches it, and each shard's leader moves its replicas to where the map
+//! says they belong.
+//!
+//! - [`ClusterMap`]: the node list (addresses and [`NodeStatus`]), the
+//!   placement ring's tokens, and each shard's target replica set with the
+//!   map epoch at which it last changed;
+//! - [`ClusterCommand`] and [`apply_cluster`]: the only ways the map
+//!   changes. Every change raises the map epoch by one, and a
+//!   [`MapChange`] applies only to the epoch it was planned against
+//!   (compare-and-set), so two operators cannot interleave half-plans;
+//! - the planners ([`plan_add`], [`plan_remove`], [`plan_rebalance`],
+//!   [`plan_move`]) and [`metadata_voters`]: what an operation proposes.
+//!
+//! Pure, like the shard rules: time arrives as `now_ms`, stamped by the
+//! metadata leader into the entry.
+//!
+//! Rules the map keeps at every epoch (checked by [`ClusterMap::check`]):
+//! every shard has a target of at least one replica, and every target names
+//! only nodes that may hold replicas (`Joining` or `Active`); so a node is
+//! drained by the same change that marks it `Draining`, and a `Removed`
+//! node holds nothing. Removed node ids stay in the map for ever: an id is
+//! never reused.
+
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+
+use serde::Deserialize;
+use serde::Serialize;
+
+use crate::NodeId;
+use crate::ShardId;
+use crate::routing::Ring;
+
+/// Most voters the metadata group has.
+pub const MAX_METADATA_VOTERS: usize = 5;
+/// Most nodes a map records, removed ones included.
+pub const MAX_NODES: usize = 1024;
+/// Most replicas one shard may have.
+pub const MAX_REPLICAS: usize = 7;
+/// Longest node address accepted, in bytes.
+pub const MAX_ADDR_BYTES: usize = 256;
+
+/// Where a node is in its life.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum NodeStatus {
+    /// Added; its replicas are being created and caught up.
+    Joining,
+    /// Holds replicas and may lead.
+    Active,
+    /// Its replicas are moving away; it gets no new ones.
+    Draining,
+    /// Holds nothing, and its id is never used again.
+    Removed,
+}
+
+impl NodeStatus {
+    /// Whether a shard's target may name a node in this state.
+    pub fn may_hold_replicas(self) -> bool {
+        matches!(self, NodeStatus::Joining | NodeStatus::Active)
+    }
+
+    /// Lowercase name, as the CLI prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            NodeStatus::Joining => "joining",
+            NodeStatus::Active => "active",
+            NodeStatus::Draining => "draining",
+            NodeStatus::Removed => "removed",
+        }
+    }
+}
+
+/// One node as the map records it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapNode {
+    pub grpc_addr: String,
+    pub http_addr: String,
+    pub status: NodeStatus,
+    /// The map epoch at which `status` was set.
+    pub since_epoch: u64,
+}
+
+/// Where one shard's replicas belong.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Placement {
+    /// The target voters, sorted.
+    pub replicas: Vec<NodeId>,
+    /// The map epoch at which `replicas` last changed: a request routed by
+    /// a map older than this is routed by a stale map.
+    pub epoch: u64,
+}
+
+/// The replicated cluster map.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterMap {
+    /// Raised by every change; 0 until the cluster is bootstrapped.
+    pub epoch: u64,
+    pub num_shards: u32,
+    pub replication_factor: u32,
+    /// Every node ever added, by id (removed ones included).
+    pub nodes: BTreeMap<NodeId, MapNode>,
+    /// The placement ring's tokens over the nodes that may hold replicas,
+    /// sorted by token.
+    pub ring: Vec<(u64, NodeId)>,
+    /// One placement per shard, by shard id.
+    pub shards: Vec<Placement>,
+    /// The metadata leader's clock when the last change was applied.
+    pub changed_at_ms: u64,
+}
+
+/// A node to add, as the operator names it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NewNode {
+    pub id: NodeId,
+    pub grpc_addr: String,
+    pub http_addr: String,
+}
+
+/// One atomic change to the map.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MapChange {
+    /// The epoch this change was planned against; any other refuses it.
+    pub expected_epoch: u64,
+    /// Nodes to add, as `Joining` (an identical existing entry is left as
+    /// it is).
+    pub add: Vec<NewNode>,
+    /// Status changes.
+    pub status: Vec<(NodeId, NodeStatus)>,
+    /// New targets, sorted or not.
+    pub placements: Vec<(ShardId, Vec<NodeId>)>,
+}
+
+/// The commands the metadata group's log carries.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClusterCommand {
+    /// The first map of a new cluster: every node `Active`, each shard
+    /// placed by the ring over them. A no-op once bootstrapped.
+    Bootstrap {
+        num_shards: u32,
+        replication_factor: u32,
+        nodes: Vec<NewNode>,
+    },
+    Change(MapChange),
+}
+
+/// What a cluster command did.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ClusterOutcome {
+    /// Applied; the map is now at `epoch`.
+    Changed { epoch: u64 },
+    /// Nothing to change; the map stays at `epoch`.
+    Unchanged { epoch: u64 },
+    /// Refused; the map stays at `epoch`.
+    Refused { epoch: u64, error: MapError },
+}
+
+/// Why a cluster command was refused.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum MapError {
+    #[error("the cluster map is not bootstrapped yet")]
+    NotBootstrapped,
+    #[error("the map changed meanwhile: planned against epoch {expected}, now at {current}")]
+    StaleEpoch { expected: u64, current: u64 },
+    #[error("node {0} is not in the cluster map")]
+    UnknownNode(NodeId),
+    #[error("node id {id} was removed at epoch {epoch}; node ids are never reused")]
+    IdRetired { id: NodeId, epoch: u64 },
+    #[error("node id {id} already belongs to the node at {grpc_addr}")]
+    IdTaken { id: NodeId, grpc_addr: String },
+    #[error("address {addr} already belongs to node {id}")]
+    AddressTaken { addr: String, id: NodeId },
+    #[error("node {id} cannot go from {from:?} to {to:?}")]
+    BadTransition { id: NodeId, from: NodeStatus, to: NodeStatus },
+    #[error("shard {shard}: {message}")]
+    BadPlacement { shard: ShardId, message: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+impl ClusterMap {
+    /// Whether the cluster has been bootstrapped.
+    pub fn is_bootstrapped(&self) -> bool {
+        self.epoch > 0
+    }
+
+    pub fn status(&self, node: NodeId) -> Option<NodeStatus> {
+        self.nodes.get(&node).map(|n| n.status)
+    }
+
+    /// Nodes that may hold replicas (`Joining` or `Active`).
+    pub fn eligible(&self) -> BTreeSet<NodeId> {
+        self.nodes.iter().filter(|(_, n)| n.status.may_hold_replicas()).map(|(id, _)| *id).collect()
+    }
+
+    /// Nodes in `status`.
+    pub fn with_status(&self, status: NodeStatus) -> BTreeSet<NodeId> {
+        self.nodes.iter().filter(|(_, n)| n.status == status).map(|(id, _)| *id).collect()
+    }
+
+    /// The target replicas of `shard` (empty if there is no such shard).
+    pub fn replicas(&self, shard: ShardId) -> &[NodeId] {
+        self.shards.get(shard as usize).map_or(&[], |p| p.replicas.as_slice())
+    }
+
+    /// The epoch at which `shard`'s target last changed (0 if unknown).
+    pub fn shard_epoch(&self, shard: ShardId) -> u64 {
+        self.shards.get(shard as usize).map_or(0, |p| p.epoch)
+    }
+
+    /// Shards whose target names `node`.
+    pub fn shards_on(&self, node: NodeId) -> Vec<ShardId> {
+        (0..self.shards.len() as ShardId).filter(|s| self.replicas(*s).contains(&node)).collect()
+    }
+
+    /// The rules every map keeps (see the module doc), as a description of
+    /// the first one broken.
+    pub fn check(&self) -> Result<(), String> {
+        if !self.is_bootstrapped() {
+            return Ok(());
+        }
+        if self.num_shards == 0 || self.shards.len() != self.num_shards as usize {
+            return Err(format!("{} placements for {} shards", self.shards.len(), self.num_shards));
+        }
+        if self.nodes.len() > MAX_NODES {
+            return Err(format!("{} nodes, more than {MAX_NODES}", self.nodes.len()));
+        }
+        for (shard, p) in self.shards.iter().enumerate() {
+            if p.replicas.is_empty() {
+                return Err(format!("shard {shard} has no target replica"));
+            }
+            if p.replicas.len() > MAX_REPLICAS {
+                return Err(format!("shard {shard} has {} replicas, more than {MAX_REPLICAS}", p.replicas.len()));
+            }
+            if p.replicas.windows(2).any(|w| w[0] >= w[1]) {
+                return Err(format!("shard {shard}'s replicas {:?} are not sorted and distinct", p.replicas));
+            }
+            if p.epoch > self.epoch {
+                return Err(format!("shard {shard} changed at epoch {}, after the map's {}", p.epoch, self.epoch));
+            }
+            for id in &p.replicas {
+                match self.status(*id) {
+                    Some(s) if s.may_hold_replicas() => {}
+                    Some(s) => return Err(format!("shard {shard} is placed on node {id}, which is {}", s.name())),
+                    None => return Err(format!("shard {shard} is placed on unknown node {id}")),
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn ring_over_eligible(&self) -> Vec<(u64, NodeId)> {
+        Ring::new(self.eligible()).tokens().to_vec()
+    }
+}
+
+/// Applies one command to `map` at the leader's time `now_ms`. A refused
+/// command leaves `map` as it was. `Err` means the stored map itself breaks
+/// a rule: the caller stops the group.
+pub fn apply_cluster(map: &mut ClusterMap, cmd: &ClusterCommand, now_ms: u64) -> Result<ClusterOutcome, String> {
+    map.check().map_err(|e| format!("the stored cluster map at epoch {} is corrupt: {e}", map.epoch))?;
+    let result = match cmd {
+        ClusterCommand::Bootstrap { num_shards, replication_factor, nodes } => {
+            if map.is_bootstrapped() {
+                return Ok(ClusterOutcome::Unchanged { epoch: map.epoch });
+            }
+            bootstrap(*num_shards, *replication_factor, nodes, now_ms)
+        }
+        ClusterCommand::Change(change) => change_map(map, change, now_ms),
+    };
+    Ok(match result {
+        Ok(Some(next)) => {
+            *map = next;
+            ClusterOutcome::Changed { epoch: map.epoch }
+        }
+        Ok(None) => ClusterOutcome::Unchanged { epoch: map.epoch },
+        Err(error) => ClusterOutcome::Refused { epoch: map.epoch, error },
+    })
+}
+
+fn check_new_node(node: &NewNode) -> Result<(), MapError> {
+    if node.id == 0 {
+        return Err(MapError::Invalid("node ids start at 1".into()));
+    }
+    if node.grpc_addr.is_empty() {
+        return Err(MapError::Invalid(format!("node {} needs a grpc address", node.id)));
+    }
+    if node.grpc_addr.len() > MAX_ADDR_BYTES || node.http_addr.len() > MAX_ADDR_BYTES {
+        return Err(MapError::Invalid(format!("node {}'s address is longer than {MAX_ADDR_BYTES} bytes", node.id)));
+    }
+    Ok(())
+}
+
+fn bootstrap(
+    num_shards: u32,
+    replication_factor: u32,
+    nodes: &[NewNode],
+    now_ms: u64,
+) -> Result<Option<ClusterMap>, MapError> {
+    if num_shards == 0 || replication_factor == 0 || nodes.is_empty() {
+        return Err(MapError::Invalid("a cluster needs shards, a replication factor and a node".into()));
+    }
+    let mut map = ClusterMap { epoch: 1, num_shards, replication_factor, changed_at_ms: now_ms, ..Default::default() };
+    for n in nodes {
+        check_new_node(n)?;
+        let entry = MapNode {
+            grpc_addr: n.grpc_addr.clone(),
+            http_addr: n.http_addr.clone(),
+            status: NodeStatus::Active,
+            since_epoch: 1,
+        };
+        if map.nodes.insert(n.id, entry).is_some() {
+            return Err(MapError::Invalid(format!("node {} is named twice", n.id)));
+        }
+    }
+    map.ring = map.ring_over_eligible();
+    let ring = Ring::from_tokens(map.ring.clone());
+    let rf = (replication_factor as usize).min(map.nodes.len());
+    map.shards = (0..num_shards).map(|s| Placement { replicas: sorted(ring.replicas(s, rf)), epoch: 1 }).collect();
+    map.check().map_err(MapError::Invalid)?;
+    Ok(Some(map))
+}
+
+fn change_map(map: &ClusterMap, change: &MapChange, now_ms: u64) -> Result<Option<ClusterMap>, MapError> {
+    if !map.is_bootstrapped() {
+        return Err(MapError::NotBootstrapped);
+    }
+    if change.expected_epoch != map.epoch {
+        return Err(MapError::StaleEpoch { expected: change.expected_epoch, current: map.epoch });
+    }
+    let epoch = map.epoch + 1;
+    let mut next = map.clone();
+    let mut changed = false;
+    for n in &change.add {
+        check_new_node(n)?;
+        match next.nodes.get(&n.id) {
+            Some(e) if e.status == NodeStatus::Removed => {
+                return Err(MapError::IdRetired { id: n.id, epoch: e.since_epoch });
+            }
+            Some(e) if e.grpc_addr == n.grpc_addr => {}
+            Some(e) => return Err(MapError::IdTaken { id: n.id, grpc_addr: e.grpc_addr.clone() }),
+            None => {
+                if let Some((id, _)) =
+                    next.nodes.iter().find(|(_, e)| e.status != NodeStatus::Removed && e.grpc_addr == n.grpc_addr)
+                {
+                    return Err(MapError::AddressTaken { addr: n.grpc_addr.clone(), id: *id });
+                }
+                let entry = MapNode {
+                    grpc_addr: n.grpc_addr.clone(),
+                    http_addr: n.http_addr.clone(),
+                    status: NodeStatus::Joining,
+                    since_epoch: epoch,
+                };
+                next.nodes.insert(n.id, entry);
+                changed = true;
+            }
+        }
+    }
+    if next.nodes.len() > MAX_NODES {
+        return Err(MapError::Invalid(format!("a cluster map holds at most {MAX_NODES} nodes")));
+    }
+    for (id, to) in &change.status {
+        let entry = next.nodes.get_mut(id).ok_or(MapError::UnknownNode(*id))?;
+        let from = entry.status;
+        if from == *to {
+            continue;
+        }
+        // Removed is final; nothing returns to Joining. Whether a node
+        // that leaves still holds replicas is the placement rule's call.
+        let allowed = match from {
+            NodeStatus::Joining => true,
+            NodeStatus::Active | NodeStatus::Draining => *to != NodeStatus::Joining,
+            NodeStatus::Removed => false,
+        };
+        if !allowed {
+            return Err(MapError::BadTransition { id: *id, from, to: *to });
+        }
+        entry.status = *to;
+        entry.since_epoch = epoch;
+        changed = true;
+    }
+    for (shard, replicas) in &change.placements {
+        let slot = next.shards.get_mut(*shard as usize).ok_or_else(|| MapError::BadPlacement {
+            shard: *shard,
+            message: format!("there are only {} shards", map.num_shards),
+        })?;
+        let target = sorted(replicas.clone());
+        if target.len() != replicas.len() {
+            return Err(MapError::BadPlacement { shard: *shard, message: format!("{replicas:?} names a node twice") });
+        }
+        if slot.replicas != target {
+            slot.replicas = target;
+            slot.epoch = epoch;
+            changed = true;
+        }
+    }
+    if !changed {
+        return Ok(None);
+    }
+    // Which rule a change breaks, in the operator's terms.
+    for (shard, p) in next.shards.iter().enumerate() {
+        let shard = shard as ShardId;
+        if p.replicas.is_empty() || p.replicas.len() > MAX_REPLICAS {
+            return Err(MapError::BadPlacement {
+                shard,
+                message: format!("needs 1 to {MAX_REPLICAS} replicas, not {}", p.replicas.len()),
+            });
+        }
+        for id in &p.replicas {
+            match next.status(*id) {
+                None => return Err(MapError::UnknownNode(*id)),
+                Some(s) if !s.may_hold_replicas() => {
+                    return Err(MapError::BadPlacement {
+                        shard,
+                        message: format!("node {id} is {} and may hold no replica", s.name()),
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    next.epoch = epoch;
+    next.changed_at_ms = now_ms;
+    next.ring = next.ring_over_eligible();
+    next.check().map_err(MapError::Invalid)?;
+    Ok(Some(next))
+}
+
+fn sorted(mut v: Vec<NodeId>) -> Vec<NodeId> {
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
+/// New targets for some shards.
+pub type Plan = Vec<(ShardId, Vec<NodeId>)>;
+
+/// The targets that differ from the map's, by the ring over `nodes`, for
+/// the shards whose ring placement passes `wanted`.
+fn ring_plan(map: &ClusterMap, nodes: &BTreeSet<NodeId>, wanted: impl Fn(&[NodeId]) -> bool) -> Plan {
+    let ring = Ring::new(nodes.iter().copied());
+    let rf = (map.replication_factor as usize).min(nodes.len());
+    (0..map.num_shards)
+        .filter_map(|shard| {
+            let to = sorted(ring.replicas(shard, rf));
+            (wanted(&to) && to != map.replicas(shard) && !to.is_empty()).then_some((shard, to))
+        })
+        .collect()
+}
+
+/// Adding `new`: every shard the ring over the eligible nodes and `new`
+/// places on `new` gets the ring's replica set. On a map whose targets
+/// follow the ring, exactly one replica of each such shard moves to `new`.
+pub fn plan_add(map: &ClusterMap, new: NodeId) -> Plan {
+    let mut nodes = map.eligible();
+    nodes.insert(new);
+    ring_plan(map, &nodes, |to| to.contains(&new))
+}
+
+/// Removing `gone`: every shard with a replica on it gets, in its place,
+/// the next node in ring order over the remaining eligible nodes that it
+/// lacks (none if fewer nodes remain than replicas). Other shards stay.
+pub fn plan_remove(map: &ClusterMap, gone: NodeId) -> Plan {
+    let remaining: BTreeSet<NodeId> = map.eligible().into_iter().filter(|n| *n != gone).collect();
+    let ring = Ring::new(remaining.iter().copied());
+    let rf = (map.replication_factor as usize).min(remaining.len());
+    (0..map.num_shards)
+        .filter_map(|shard| {
+            let from = map.replicas(shard);
+            if !from.contains(&gone) {
+                return None;
+            }
+            let mut to: Vec<NodeId> = from.iter().copied().filter(|n| *n != gone).collect();
+            for n in ring.replicas(shard, remaining.len()) {
+                if to.len() >= rf {
+                    break;
+                }
+                if !to.contains(&n) {
+                    to.push(n);
+                }
+            }
+            Some((shard, sorted(to)))
+        })
+        .collect()
+}
+
+/// Rebalancing: every shard onto the ring's placement over the eligible
+/// nodes.
+pub fn plan_rebalance(map: &ClusterMap) -> Plan {
+    ring_plan(map, &map.eligible(), |_| true)
+}
+
+/// Moving `shard`'s replica from `from` to `to`; `Ok(None)` if that is
+/// already the target.
+pub fn plan_move(
+    map: &ClusterMap,
+    shard: ShardId,
+    from: NodeId,
+    to: NodeId,
+) -> Result<Option<(ShardId, Vec<NodeId>)>, MapError> {
+    let current = map.replicas(shard);
+    if shard >= map.num_shards {
+        return Err(MapError::BadPlacement { shard, message: format!("there are only {} shards", map.num_shards) });
+    }
+    if current.contains(&to) && !current.contains(&from) {
+        return Ok(None);
+    }
+    if !current.contains(&from) {
+        return Err(MapError::BadPlacement { shard, message: format!("has no replica on node {from}") });
+    }
+    if current.contains(&to) {
+        return Err(MapError::BadPlacement { shard, message: format!("already has a replica on node {to}") });
+    }
+    match map.status(to) {
+        None => return Err(MapError::UnknownNode(to)),
+        Some(s) if !s.may_hold_replicas() => {
+            return Err(MapError::BadPlacement { shard, message: format!("node {to} is {}", s.name()) });
+        }
+        Some(_) => {}
+    }
+    let target = sorted(current.iter().copied().filter(|n| *n != from).chain([to]).collect());
+    Ok(Some((shard, target)))
+}
+
+/// How many metadata voters a cluster of `nodes` active nodes has: all of
+/// them up to [`MAX_METADATA_VOTERS`], odd above two, at least one.
+pub fn metadata_voter_count(nodes: usize) -> usize {
+    let size = nodes.clamp(1, MAX_METADATA_VOTERS);
+    if size > 2 && size.is_multiple_of(2) { size - 1 } else { size }
+}
+
+/// The metadata group's voters as they should be: the current ones that
+/// may still hold replicas, topped up from the active nodes (lowest id
+/// first) to [`MAX_METADATA_VOTERS`], and kept odd above two (an even
+/// count tolerates no more failures than the odd count below it).
+pub fn metadata_voters(map: &ClusterMap, current: &[NodeId]) -> Vec<NodeId> {
+    let active = map.with_status(NodeStatus::Active);
+    let eligible = map.eligible();
+    let size = metadata_voter_count(active.len());
+    // Keep current voters (fewest changes), then add active nodes.
+    let mut out: Vec<NodeId> = current.iter().copied().filter(|n| eligible.contains(n)).collect();
+    out.sort_unstable();
+    out.dedup();
+    for n in &active {
+        if out.len() >= size {
+            break;
+        }
+        if !out.contains(n) {
+            out.push(*n);
+        }
+    }
+    // Too many (the cluster shrank): drop joining nodes first, then the
+    // highest ids.
+    while out.len() > size {
+        let drop = out
+            .iter()
+            .copied()
+            .filter(|n| !active.contains(n))
+            .max()
+            .or_else(|| out.iter().copied().max())
+            .expect("out is not empty");
+        out.retain(|n| *n != drop);
+    }
+    if out.is_empty() {
+        // Nothing eligible (cannot happen on a valid map): keep what is.
+        return sorted(current.to_vec());
+    }
+    sorted(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn node(id: NodeId) -> NewNode {
+        NewNode { id, grpc_addr: format!("n{id}:7070"), http_addr: format!("n{id}:7071") }
+    }
+
+    fn booted(nodes: &[NodeId], shards: u32) -> ClusterMap {
+        let mut map = ClusterMap::default();
+        let cmd = ClusterCommand::Bootstrap {
+            num_shards: shards,
+            replication_factor: 3,
+            nodes: nodes.iter().map(|n| node(*n)).collect(),
+        };
+        assert_eq!(apply_cluster(&mut map, &cmd, 5).unwrap(), ClusterOutcome::Changed { epoch: 1 });
+        map
+    }
+
+    fn change(map: &mut ClusterMap, change: MapChange) -> ClusterOutcome {
+        apply_cluster(map, &ClusterCommand::Change(change), 10).unwrap()
+    }
+
+    #[test]
+    fn bootstrap_places_every_shard_once() {
+        let mut map = booted(&[1, 2, 3], 8);
+        assert!(map.shards.iter().all(|p| p.replicas == vec![1, 2, 3] && p.epoch == 1));
+        assert_eq!(map.ring.len(), 3 * crate::routing::TOKENS_PER_NODE as usize);
+        // A second bootstrap (another metadata leader's) changes nothing.
+        let again = ClusterCommand::Bootstrap { num_shards: 4, replication_factor: 1, nodes: vec![node(9)] };
+        assert_eq!(apply_cluster(&mut map, &again, 9).unwrap(), ClusterOutcome::Unchanged { epoch: 1 });
+        assert_eq!(map.num_shards, 8);
+        // One node: every shard on it.
+        let one = booted(&[7], 4);
+        assert!(one.shards.iter().all(|p| p.replicas == vec![7]));
+    }
+
+    #[test]
+    fn a_change_applies_only_to_the_epoch_it_was_planned_against() {
+        let mut map = booted(&[1, 2, 3], 4);
+        let add = MapChange { expected_epoch: 1, add: vec![node(4)], ..Default::default() };
+        assert_eq!(change(&mut map, add.clone()), ClusterOutcome::Changed { epoch: 2 });
+        assert_eq!(map.status(4), Some(NodeStatus::Joining));
+        let before = map.clone();
+        let out = change(&mut map, add);
+        assert_eq!(out, ClusterOutcome::Refused { epoch: 2, error: MapError::StaleEpoch { expected: 1, current: 2 } });
+        assert_eq!(map, before);
+        // The same add at the current epoch changes nothing.
+        let same = MapChange { expected_epoch: 2, add: vec![node(4)], ..Default::default() };
+        assert_eq!(change(&mut map, same), ClusterOutcome::Unchanged { epoch: 2 });
+    }
+
+    #[test]
+    fn ids_are_never_reused_and_addresses_never_shared() {
+        let mut map = booted(&[1, 2, 3], 4);
+        let other_addr = NewNode { grpc_addr: "elsewhere:1".into(), ..node(3) };
+        let out = change(&mut map, MapChange { expected_epoch: 1, add: vec![other_addr], ..Default::default() });
+        assert!(matches!(out, ClusterOutcome::Refused { error: MapError::IdTaken { id: 3, .. }, .. }), "{out:?}");
+        let same_addr = NewNode { id: 9, ..node(3) };
+        let out = change(&mut map, MapChange { expected_epoch: 1, add: vec![same_addr], ..Default::default() });
+        assert!(matches!(out, ClusterOutcome::Refused { error: MapError::AddressTaken { id: 3, .. }, .. }), "{out:?}");
+        // Drain node 3 (its shards go to {1, 2}), then remove it.
+        let plan = plan_remove(&map, 3);
+        assert_eq!(plan.len(), 4);
+        let drain = MapChange {
+            expected_epoch: 1,
+            status: vec![(3, NodeStatus::Draining)],
+            placements: plan,
+            ..Default::default()
+        };
+        assert_eq!(change(&mut map, drain), ClusterOutcome::Changed { epoch: 2 });
+        assert!(map.shards.iter().all(|p| p.replicas == vec![1, 2] && p.epoch == 2));
+        let remove = MapChange { expected_epoch: 2, status: vec![(3, NodeStatus::Removed)], ..Default::default() };
+        assert_eq!(change(&mut map, remove), ClusterOutcome::Changed { epoch: 3 });
+        let out = change(&mut map, MapChange { expected_epoch: 3, add: vec![node(3)], ..Default::default() });
+        assert_eq!(out, ClusterOutcome::Refused { epoch: 3, error: MapError::IdRetired { id: 3, epoch: 3 } });
+        let back = MapChange { expected_epoch: 3, status: vec![(3, NodeStatus::Active)], ..Default::default() };
+        assert!(matches!(
+            change(&mut map, back),
+            ClusterOutcome::Refused { error: MapError::BadTransition { .. }, .. }
+        ));
+        // Its address is free again for a new id.
+        let fresh = NewNode { id: 4, ..node(3) };
+        assert_eq!(
+            change(&mut map, MapChange { expected_epoch: 3, add: vec![fresh], ..Default::default() }),
+            ClusterOutcome::Changed { epoch: 4 }
+        );
+    }
+
+    #[test]
+    fn a_node_is_drained_by_the_change_that_marks_it_draining() {
+        let mut map = booted(&[1, 2, 3], 4);
+        // Marking it draining without moving its shards is refused.
+        let out = change(
+            &mut map,
+            MapChange { expected_epoch: 1, status: vec![(2, NodeStatus::Draining)], ..Default::default() },
+        );
+        assert!(matches!(out, ClusterOutcome::Refused { error: MapError::BadPlacement { .. }, .. }), "{out:?}");
+        // So is removing a node that still holds replicas.
+        let out = change(
+            &mut map,
+            MapChange { expected_epoch: 1, status: vec![(2, NodeStatus::Removed)], ..Default::default() },
+        );
+        assert!(matches!(out, ClusterOutcome::Refused { error: MapError::BadPlacement { .. }, .. }), "{out:?}");
+        // And placing a shard on an unknown node, or on nothing.
+        let out =
+            change(&mut map, MapChange { expected_epoch: 1, placements: vec![(0, vec![1, 9])], ..Default::default() });
+        assert_eq!(out, ClusterOutcome::Refused { epoch: 1, error: MapError::UnknownNode(9) });
+        let out =
+            change(&mut map, MapChange { expected_epoch: 1, placements: vec![(0, vec![])], ..Default::default() });
+        assert!(matches!(out, ClusterOutcome::Refused { error: MapError::BadPlacement { shard: 0, .. }, .. }));
+        let out =
+            change(&mut map, MapChange { expected_epoch: 1, placements: vec![(9, vec![1])], ..Default::default() });
+        assert!(matches!(out, ClusterOutcome::Refused { error: MapError::BadPlacement { shard: 9, .. }, .. }));
+        assert_eq!(map.epoch, 1);
+    }
+
+    #[test]
+    fn only_changed_shards_get_the_new_epoch() {
+        let mut map = booted(&[1, 2, 3, 4, 5], 32);
+        let (shard, target) = (0..32)
+            .find_map(|s| {
+                plan_move(
+                    &map,
+                    s,
+                    map.replicas(s)[0],
+                    *map.eligible().iter().find(|n| !map.replicas(s).contains(n)).unwrap(),
+                )
+                .unwrap()
+            })
+            .unwrap();
+        assert_eq!(
+            change(
+                &mut map,
+                MapChange { expected_epoch: 1, placements: vec![(shard, target.clone())], ..Default::default() }
+            ),
+            ClusterOutcome::Changed { epoch: 2 }
+        );
+        assert_eq!(map.shard_epoch(shard), 2);
+        assert_eq!(map.replicas(shard), target.as_slice());
+        assert!((0..32).filter(|s| *s != shard).all(|s| map.shard_epoch(s) == 1));
+        // Moving it back to where it is now is a no-op plan.
+        let from = target[0];
+        assert!(plan_move(&map, shard, 99, from).unwrap().is_none());
+    }
+
+    #[test]
+    fn adding_a_fourth_node_moves_about_a_quarter_of_the_replicas_to_it() {
+        let mut map = booted(&[1, 2, 3], 64);
+        let add =
+            MapChange { expected_epoch: 1, add: vec![node(4)], placements: plan_add(&map, 4), ..Default::default() };
+        let moves = add.placements.clone();
+        assert!((32..=64).contains(&moves.len()), "{} shards change", moves.len());
+        for (shard, to) in &moves {
+            assert!(to.contains(&4) && to.len() == 3, "{to:?}");
+            // Exactly one old voter leaves each changed shard.
+            assert_eq!(map.replicas(*shard).iter().filter(|n| !to.contains(n)).count(), 1);
+        }
+        assert_eq!(change(&mut map, add), ClusterOutcome::Changed { epoch: 2 });
+        // The plan is done: planning again proposes nothing.
+        assert!(plan_add(&map, 4).is_empty());
+        assert!(plan_rebalance(&map).is_empty());
+        // A single-node cluster grows: every shard gets the second replica.
+        let one = booted(&[1], 8);
+        let moves = plan_add(&one, 2);
+        assert_eq!(moves.len(), 8);
+        assert!(moves.iter().all(|(_, to)| *to == vec![1, 2]));
+    }
+
+    #[test]
+    fn removing_a_node_replaces_only_its_replicas() {
+        let map = booted(&[1, 2, 3, 4, 5], 32);
+        let plan = plan_remove(&map, 1);
+        assert_eq!(plan.len(), map.shards_on(1).len());
+        for (shard, to) in &plan {
+            assert!(!to.contains(&1) && to.len() == 3);
+            let kept: Vec<_> = map.replicas(*shard).iter().filter(|n| **n != 1).collect();
+            assert!(kept.iter().all(|n| to.contains(n)));
+        }
+        // Three nodes, replication factor 3: shards shrink to two voters.
+        let three = booted(&[1, 2, 3], 4);
+        assert!(plan_remove(&three, 3).iter().all(|(_, to)| *to == vec![1, 2]));
+        assert!(plan_remove(&three, 9).is_empty());
+    }
+
+    #[test]
+    fn metadata_voters_stay_odd_and_prefer_the_current_ones() {
+        let map = booted(&[1, 2, 3, 4, 5, 6, 7], 4);
+        assert_eq!(metadata_voters(&map, &[1, 2, 3]), vec![1, 2, 3, 4, 5]);
+        assert_eq!(metadata_voters(&map, &[7, 6, 5, 4, 3]), vec![3, 4, 5, 6, 7]);
+        let four = booted(&[1, 2, 3, 4], 4);
+        assert_eq!(metadata_voters(&four, &[1, 2, 3]), vec![1, 2, 3]);
+        assert_eq!(metadata_voters(&four, &[2, 3, 4, 1]), vec![1, 2, 3]);
+        let two = booted(&[1, 2], 4);
+        assert_eq!(metadata_voters(&two, &[1]), vec![1, 2]);
+        let one = booted(&[5], 4);
+        assert_eq!(metadata_voters(&one, &[5]), vec![5]);
+        // A draining voter is replaced by an active node.
+        let mut map = booted(&[1, 2, 3, 4], 4);
+        let drain = MapChange {
+            expected_epoch: 1,
+            status: vec![(2, NodeStatus::Draining)],
+            placements: plan_remove(&map, 2),
+            ..Default::default()
+        };
+        assert_eq!(change(&mut map, drain), ClusterOutcome::Changed { epoch: 2 });
+        assert_eq!(metadata_voters(&map, &[1, 2, 3]), vec![1, 3, 4]);
+    }
+}
