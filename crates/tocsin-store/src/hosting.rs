@@ -59,7 +59,7 @@ impl Store {
     /// indexes, snapshots) in one synced batch. The group's Raft instance
     /// must already be shut down.
     pub async fn drop_group(&self, group: GroupId) -> io::Result<()> {
-        assert!(group < keys::META_GROUP, "drop_group({group}) is for shard groups only");
+        assert!(group <= keys::META_GROUP, "drop_group({group}) is for Raft groups only");
         let mut batch = WriteBatch::default();
         for name in keys::ALL_CFS {
             batch.delete_range_cf(self.cf(name), keys::group_start(group), keys::group_end(group));

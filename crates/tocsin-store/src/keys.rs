@@ -14,7 +14,7 @@
 //! | `due` | group · due_ms · timer key | empty |
 //! | `retention` | group · purge_after_ms · timer key | empty |
 //! | `horizon` | group · ns length · namespace · minute | count, u64 BE |
-//! | `sm_meta` | group · tag (applied, membership, shard meta, installing) | … |
+//! | `sm_meta` | group · tag (applied, membership, shard meta, installing; cluster map under the metadata group) | … |
 //!
 //! A timer key is `ns length (1 byte) · namespace · id`: the length prefix
 //! makes every namespace's timers one contiguous range, and the encoding
@@ -62,6 +62,8 @@ pub mod sm_meta {
     pub const SHARD: u8 = 3;
     /// Present while a snapshot install is incomplete (see `snapshot.rs`).
     pub const INSTALLING: u8 = 4;
+    /// Under [`super::META_GROUP`]: the cluster map.
+    pub const CLUSTER_MAP: u8 = 5;
 }
 
 /// The first key of `group` in any column family.

@@ -37,6 +37,16 @@ impl Store {
         }
     }
 
+    /// The cluster map as this node's metadata replica last applied it
+    /// (the default, epoch 0, if it hosts none or nothing is applied yet).
+    pub fn cluster_map(&self) -> io::Result<tocsin_core::cluster::ClusterMap> {
+        let key = keys::tag_key(keys::META_GROUP, keys::sm_meta::CLUSTER_MAP);
+        match self.db().get_cf(self.cf(keys::CF_SM_META), key).map_err(to_io)? {
+            Some(bytes) => codec::decode(&bytes),
+            None => Ok(Default::default()),
+        }
+    }
+
     /// Entries of a time index (`due` or `retention`) with time in
     /// `[from_ms, before_ms)`, in time order, at most `limit`.
     pub fn scan_time_index(

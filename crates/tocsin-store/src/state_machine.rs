@@ -7,6 +7,10 @@
 //! membership — into one `WriteBatch`, writes it durably, and only then
 //! answers openraft. A broken invariant stops the group: apply returns an
 //! error, which openraft treats as fatal.
+//!
+//! The metadata group ([`keys::META_GROUP`]) uses the same machinery with
+//! other rules: its entries carry cluster-map commands, applied by
+//! `tocsin_core::cluster` to the one cluster-map value it stores.
 
 use std::collections::BTreeMap;
 use std::collections::HashMap;
@@ -27,7 +31,9 @@ use tocsin_core::TimerKey;
 use tocsin_core::TimerRecord;
 use tocsin_core::TimerTable;
 use tocsin_core::apply::ApplyError;
+use tocsin_core::apply::apply_cluster_proposal;
 use tocsin_core::apply::apply_proposal;
+use tocsin_core::cluster::ClusterMap;
 use tocsin_core::command::ApplyResponse;
 
 use crate::Entry;
@@ -113,6 +119,9 @@ impl StateMachine {
 
     /// Builds the write batch for applying `entries`. Blocking.
     fn apply_batch(&self, entries: &[Entry]) -> io::Result<(WriteBatch, Vec<ApplyResponse>)> {
+        if self.group == keys::META_GROUP {
+            return self.apply_cluster_batch(entries);
+        }
         let mut meta = self.shard_meta()?;
         let mut overlay = Overlay {
             store: &self.store,
@@ -148,6 +157,49 @@ impl StateMachine {
         let mut batch = overlay.batch;
         let cf = self.store.cf(keys::CF_SM_META);
         batch.put_cf(cf, keys::tag_key(self.group, sm_meta::SHARD), codec::encode(&meta)?);
+        if let Some(last_applied) = &last_applied {
+            batch.put_cf(cf, keys::tag_key(self.group, sm_meta::APPLIED), codec::encode(last_applied)?);
+        }
+        if let Some(membership) = &membership {
+            batch.put_cf(cf, keys::tag_key(self.group, sm_meta::MEMBERSHIP), codec::encode(membership)?);
+        }
+        Ok((batch, responses))
+    }
+}
+
+impl StateMachine {
+    /// The metadata group's apply: the cluster map, `last_applied` and the
+    /// membership in one batch. Blocking.
+    fn apply_cluster_batch(&self, entries: &[Entry]) -> io::Result<(WriteBatch, Vec<ApplyResponse>)> {
+        let mut map: ClusterMap = self.get_meta(sm_meta::CLUSTER_MAP)?.unwrap_or_default();
+        let before = map.epoch;
+        let mut responses = Vec::with_capacity(entries.len());
+        let mut last_applied: Option<LogId> = None;
+        let mut membership: Option<StoredMembership> = None;
+        for entry in entries {
+            let log_id = entry.log_id();
+            let results = match &entry.payload {
+                EntryPayload::Blank => Vec::new(),
+                EntryPayload::Normal(proposal) => {
+                    apply_cluster_proposal::<io::Error>(&mut map, log_id.index(), proposal).map_err(|e| {
+                        tracing::error!(group = self.group, error = %e, "stopping the metadata group");
+                        io::Error::new(io::ErrorKind::InvalidData, format!("metadata group: {e}"))
+                    })?
+                }
+                EntryPayload::Membership(m) => {
+                    membership = Some(StoredMembership::new(Some(log_id), m.clone()));
+                    Vec::new()
+                }
+            };
+            responses.push(ApplyResponse { results });
+            last_applied = Some(log_id);
+        }
+        let mut batch = WriteBatch::default();
+        let cf = self.store.cf(keys::CF_SM_META);
+        if map.epoch != before {
+            batch.put_cf(cf, keys::tag_key(self.group, sm_meta::CLUSTER_MAP), codec::encode(&map)?);
+            tracing::info!(epoch = map.epoch, "cluster map changed");
+        }
         if let Some(last_applied) = &last_applied {
             batch.put_cf(cf, keys::tag_key(self.group, sm_meta::APPLIED), codec::encode(last_applied)?);
         }

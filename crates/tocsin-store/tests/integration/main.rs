@@ -5,4 +5,5 @@ mod apply;
 mod conformance;
 mod crash;
 mod isolation;
+mod metadata;
 mod support;
