@@ -1,7 +1,13 @@
 //! Keeps shard leaderships spread evenly over the nodes.
 //!
 //! Every node computes the same preferred leader per shard
-//! (`tocsin_core::routing::spread_leaders` over the ring's replica lists).
+//! (`tocsin_core::routing::spread_leaders` over the cluster map's targets,
+//! leaving out nodes the map has as joining or draining, so a draining
+//! node sheds its leaderships first): the same on every node that has the
+//! same map. A shard whose replicas are moving is left alone until they
+//! are in place, and a node keeps a leadership it just took for
+//! [`SETTLE`]: when nodes briefly disagree (one has a newer map than
+//! another), a shard moves once, not back and forth.
 //! A node leading a shard whose preferred leader is another healthy, caught
 //! up voter hands the leadership over, a few shards per round and each not
 //! more often than the cooldown allows, so a node that restarts gets its
@@ -19,12 +25,16 @@ use std::time::Instant;
 
 use openraft::async_runtime::WatchReceiver as _;
 use tocsin_core::ShardId;
+use tocsin_core::cluster::NodeStatus;
+use tocsin_store::Raft;
 
 use crate::node::NodeState;
-use crate::shard::ShardCtx;
 
 /// How long after a leadership change a shard is left alone.
 const COOLDOWN: Duration = Duration::from_secs(10);
+/// How long a node keeps a leadership it took before handing it to the
+/// preferred node.
+const SETTLE: Duration = Duration::from_secs(3);
 /// How far behind (in entries) a voter may be and still take leadership.
 const MAX_LAG: u64 = 64;
 /// How often the balancer looks, and how many leaderships it moves per
@@ -35,17 +45,18 @@ const MAX_LAG: u64 = 64;
 const ROUND: Duration = Duration::from_secs(1);
 const MOVES_PER_ROUND: usize = 3;
 
-/// Voters of `ctx`'s group that acknowledged a heartbeat recently and whose
-/// log matches this leader's to within [`MAX_LAG`] entries.
-pub fn healthy_voters(ctx: &ShardCtx) -> Vec<u64> {
-    let m = ctx.raft.metrics().borrow_watched().clone();
+/// Voters of a group this node leads (other than itself) that
+/// acknowledged a heartbeat recently and whose log matches this leader's to
+/// within [`MAX_LAG`] entries.
+pub fn healthy_voters(raft: &Raft, node_id: u64) -> Vec<u64> {
+    let m = raft.metrics().borrow_watched().clone();
     let last = m.last_log_index.unwrap_or(0);
     let Some(replication) = m.replication.as_ref() else { return Vec::new() };
     let heartbeats = m.heartbeat.clone().unwrap_or_default();
     m.membership_config
         .membership()
         .voter_ids()
-        .filter(|id| *id != ctx.node_id)
+        .filter(|id| *id != node_id)
         .filter(|id| {
             let matched = replication.get(id).cloned().flatten().map_or(0, |l| l.index);
             let fresh = heartbeats
@@ -61,6 +72,7 @@ pub fn healthy_voters(ctx: &ShardCtx) -> Vec<u64> {
 /// Runs the balancer until the node stops.
 pub async fn run(node: Arc<NodeState>) {
     let mut last_move: BTreeMap<ShardId, Instant> = BTreeMap::new();
+    let mut leading_since: BTreeMap<ShardId, Instant> = BTreeMap::new();
     loop {
         tokio::time::sleep(ROUND).await;
         if node.shutting_down() {
@@ -76,16 +88,32 @@ pub async fn run(node: Arc<NodeState>) {
             .as_ref()
             .map(|view| view.shards.iter().map(|s| s.voters.clone()).collect());
         let preferred = preferred_leaders(&node, remote.as_deref());
+        let map = node.map.get();
         let mut moves = 0;
-        for ctx in node.shards.all() {
+        let shards = node.shards.all();
+        leading_since.retain(|shard, _| shards.iter().any(|c| c.shard == *shard && c.epoch().is_some()));
+        for ctx in shards {
             if ctx.epoch().is_none() {
                 continue;
             }
+            let since = *leading_since.entry(ctx.shard).or_insert_with(Instant::now);
             let Some(&Some(want)) = preferred.get(ctx.shard as usize) else { continue };
-            if want == node.node_id || last_move.get(&ctx.shard).is_some_and(|t| t.elapsed() < COOLDOWN) {
+            if want == node.node_id
+                || since.elapsed() < SETTLE
+                || last_move.get(&ctx.shard).is_some_and(|t| t.elapsed() < COOLDOWN)
+            {
                 continue;
             }
-            if !healthy_voters(&ctx).contains(&want) {
+            let moving = map.is_bootstrapped() && {
+                let mut voters: Vec<u64> =
+                    ctx.raft.metrics().borrow_watched().membership_config.membership().voter_ids().collect();
+                voters.sort_unstable();
+                voters != map.replicas(ctx.shard)
+            };
+            if moving {
+                continue;
+            }
+            if !healthy_voters(&ctx.raft, ctx.node_id).contains(&want) {
                 continue;
             }
             tracing::info!(shard = ctx.shard, to = want, "handing leadership to the preferred node");
@@ -99,16 +127,26 @@ pub async fn run(node: Arc<NodeState>) {
     }
 }
 
-/// The preferred leader of each shard, spread over the current voter sets:
-/// the same on every node that sees the same voter sets.
+/// The preferred leader of each shard, spread over the map's targets (the
+/// voter sets before the map is bootstrapped): the same on every node that
+/// has the same map.
 fn preferred_leaders(node: &NodeState, remote: Option<&[Vec<u64>]>) -> Vec<Option<u64>> {
+    let map = node.map.get();
+    let active = |id: &u64| !map.is_bootstrapped() || map.status(*id) == Some(NodeStatus::Active);
     let placements: Vec<Vec<u64>> = (0..node.config.num_shards)
-        .map(|shard| match node.shards.get(shard) {
-            Some(ctx) => {
-                let m = ctx.raft.metrics().borrow_watched().clone();
-                m.membership_config.membership().voter_ids().collect()
-            }
-            None => remote.and_then(|r| r.get(shard as usize).cloned()).unwrap_or_default(),
+        .map(|shard| {
+            let voters: Vec<u64> = match node.shards.get(shard) {
+                _ if map.is_bootstrapped() => map.replicas(shard).to_vec(),
+                Some(ctx) => {
+                    let m = ctx.raft.metrics().borrow_watched().clone();
+                    m.membership_config.membership().voter_ids().collect()
+                }
+                None => remote.and_then(|r| r.get(shard as usize).cloned()).unwrap_or_default(),
+            };
+            // Leaders go to active nodes; a shard all of whose voters are
+            // joining or draining keeps them all as candidates.
+            let preferred: Vec<u64> = voters.iter().copied().filter(active).collect();
+            if preferred.is_empty() { voters } else { preferred }
         })
         .collect();
     tocsin_core::routing::spread_leaders(&placements)
@@ -118,14 +156,18 @@ fn preferred_leaders(node: &NodeState, remote: Option<&[Vec<u64>]>) -> Vec<Optio
 /// `timeout` in all; used before a graceful shutdown.
 pub async fn hand_over_all(node: &NodeState, timeout: Duration) {
     let deadline = tokio::time::Instant::now() + timeout;
-    let leading: Vec<Arc<ShardCtx>> = node.shards.all().into_iter().filter(|c| c.epoch().is_some()).collect();
-    for ctx in &leading {
-        if let Some(to) = healthy_voters(ctx.as_ref()).first() {
-            let _ = ctx.raft.trigger().transfer_leader(*to).await;
+    let mut leading: Vec<Raft> =
+        node.shards.all().into_iter().filter(|c| c.epoch().is_some()).map(|c| c.raft.clone()).collect();
+    // The metadata group too: cluster operations need not wait out an
+    // election either.
+    leading.extend(node.meta().filter(|m| m.is_leader()).map(|m| m.raft.clone()));
+    for raft in &leading {
+        if let Some(to) = healthy_voters(raft, node.node_id).first() {
+            let _ = raft.trigger().transfer_leader(*to).await;
         }
     }
-    for ctx in leading {
-        while ctx.raft.metrics().borrow_watched().current_leader == Some(node.node_id)
+    for raft in leading {
+        while raft.metrics().borrow_watched().current_leader == Some(node.node_id)
             && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(10)).await;

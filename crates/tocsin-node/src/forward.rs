@@ -21,6 +21,9 @@ pub const FORWARDED: &str = "x-tocsin-forwarded";
 pub const LOCAL_ONLY: &str = "x-tocsin-local";
 /// Set on `ListTimers` / `GetHorizon` to ask about one shard only.
 pub const SHARD: &str = "x-tocsin-shard";
+/// Set by the shard-aware client: the cluster map epoch it routed the
+/// request by (see `NodeState::check_route`).
+pub const MAP_EPOCH: &str = "x-tocsin-map-epoch";
 
 /// gRPC channels to other nodes' public API, by address.
 pub struct Forwarder {
@@ -77,4 +80,9 @@ pub fn is_local_only<T>(request: &tonic::Request<T>) -> bool {
 /// The single shard a request is restricted to, if any.
 pub fn only_shard<T>(request: &tonic::Request<T>) -> Option<u32> {
     request.metadata().get(SHARD)?.to_str().ok()?.parse().ok()
+}
+
+/// The map epoch a request was routed by; 0 when it carries none.
+pub fn map_epoch<T>(request: &tonic::Request<T>) -> u64 {
+    request.metadata().get(MAP_EPOCH).and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(0)
 }

@@ -3,10 +3,10 @@
 //!
 //! Start-up order matters: listeners are bound first (so an `:0` port is
 //! known before it is written into Raft membership), then every hosted
-//! shard's group is opened from the store (restart recovery: openraft
-//! replays nothing already applied, the state machine is durable), then the
-//! initial membership is written if the cluster is new, and finally the
-//! servers start.
+//! group (shards and, where hosted, the metadata group) is opened from the
+//! store (restart recovery: openraft replays nothing already applied, the
+//! state machine is durable), then the initial memberships are written if
+//! the cluster is new, and finally the servers start.
 
 use axum::serve::ListenerExt as _;
 use openraft::async_runtime::WatchReceiver as _;
@@ -42,6 +42,8 @@ use crate::delivery::webhook::WebhookSender;
 use crate::events::EventSink;
 use crate::forward::Forwarder;
 use crate::leader;
+use crate::meta::MapCache;
+use crate::meta::MetaCtx;
 use crate::proposer::Proposer;
 use crate::raft::Groups;
 use crate::raft::NetworkFactory;
@@ -49,6 +51,10 @@ use crate::raft::Router;
 use crate::raft::TransportService;
 use crate::raft::openraft_config;
 use crate::shard::ShardCtx;
+
+/// Replica moves a node runs at once as a shard leader: each streams a
+/// snapshot and catches a learner up, and the fire loops share the cores.
+const MOVES_AT_ONCE: usize = 1;
 
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
@@ -83,10 +89,17 @@ pub struct NodeState {
     pub admission: Arc<Admission>,
     pub metrics: Option<PrometheusHandle>,
     pub forwarder: Arc<Forwarder>,
-    /// The cluster as the other nodes report it, refreshed by the balancer
-    /// while this node does not host every shard: where requests for the
-    /// shards it does not host go.
+    /// The cluster as the other nodes report it, refreshed by the
+    /// reconcile loop: where requests for the shards this node does not
+    /// host go.
     pub remote_view: std::sync::RwLock<Option<crate::view::ClusterView>>,
+    /// This node's replica of the metadata group, if it hosts one.
+    meta: std::sync::RwLock<Option<Arc<MetaCtx>>>,
+    /// The newest cluster map this node knows.
+    pub map: MapCache,
+    /// Replica moves this node runs at once as a shard leader (see
+    /// `reconcile.rs`).
+    pub moves: Arc<tokio::sync::Semaphore>,
     shutting_down: AtomicBool,
 }
 
@@ -95,11 +108,51 @@ impl NodeState {
         self.shutting_down.load(Ordering::SeqCst)
     }
 
+    /// This node's metadata replica, if it hosts one.
+    pub fn meta(&self) -> Option<Arc<MetaCtx>> {
+        self.meta.read().expect("meta lock").clone()
+    }
+
+    /// The cached cluster map, first updated from this node's metadata
+    /// replica if it hosts one (a point read; not for every request).
+    pub fn fresh_map(&self) -> Arc<tocsin_core::cluster::ClusterMap> {
+        if self.meta().is_some()
+            && let Ok(map) = self.store.cluster_map()
+        {
+            self.map.learn(map);
+        }
+        self.map.get()
+    }
+
+    /// Refuses a request for `shard` routed by a map older than the
+    /// shard's last placement change (`map_epoch` 0: the client carries no
+    /// map, nothing to check). A newer epoch than this node's makes it
+    /// refresh its own map.
+    pub fn check_route(&self, shard: ShardId, map_epoch: u64) -> Result<(), ApiError> {
+        if map_epoch == 0 {
+            return Ok(());
+        }
+        self.map.saw_epoch(map_epoch);
+        let map = self.map.get();
+        let shard_epoch = map.shard_epoch(shard);
+        if shard_epoch > map_epoch {
+            metrics::counter!("tocsin_stale_map_refusals_total").increment(1);
+            return Err(ApiError::StaleMap {
+                message: format!(
+                    "stale shard map: shard {shard}'s replicas changed at map epoch {shard_epoch}, after the epoch {map_epoch} this request was routed by; refresh the map"
+                ),
+                map_epoch: map.epoch,
+            });
+        }
+        Ok(())
+    }
+
     /// Every other node named in a hosted group's membership, by id.
     pub fn peers(&self) -> BTreeMap<u64, NodeAddr> {
         let mut peers = BTreeMap::new();
-        for ctx in self.shards.all() {
-            let m = ctx.raft.metrics().borrow_watched().clone();
+        let rafts = self.shards.all().into_iter().map(|c| c.raft.clone()).chain(self.meta().map(|m| m.raft.clone()));
+        for raft in rafts {
+            let m = raft.metrics().borrow_watched().clone();
             for (id, addr) in m.membership_config.membership().nodes() {
                 if *id != self.node_id {
                     peers.insert(*id, addr.clone());
@@ -218,8 +271,28 @@ impl NodeState {
         Ok(ctx)
     }
 
+    /// Opens the metadata group's replica from the store.
+    async fn open_meta(&self) -> Result<Arc<MetaCtx>, StartError> {
+        let group = tocsin_store::keys::META_GROUP;
+        let log = LogStore::new(self.store.clone(), group);
+        let sm = StateMachine::open(self.store.clone(), group)
+            .await
+            .map_err(|e| StartError::Raft { group, message: e.to_string() })?;
+        let network = NetworkFactory::new(self.router.clone(), group);
+        let raft = Raft::new(self.node_id, crate::raft::metadata_config(&self.config.raft), network, log, sm)
+            .await
+            .map_err(|e| StartError::Raft { group, message: e.to_string() })?;
+        let ctx = Arc::new(MetaCtx::new(self.node_id, raft.clone()));
+        self.groups.insert(group, raft);
+        *self.meta.write().expect("meta lock") = Some(ctx.clone());
+        Ok(ctx)
+    }
+
     async fn persist_hosted(&self, bootstrapped: bool) -> Result<(), StartError> {
-        let groups: Vec<u64> = self.shards.ids().into_iter().map(u64::from).collect();
+        let mut groups: Vec<u64> = self.shards.ids().into_iter().map(u64::from).collect();
+        if self.meta().is_some() {
+            groups.push(tocsin_store::keys::META_GROUP);
+        }
         self.store
             .set_hosted_groups(&tocsin_store::hosting::Hosted { groups, bootstrapped })
             .await
@@ -236,6 +309,38 @@ impl NodeState {
         self.open_shard(shard).await?;
         self.persist_hosted(true).await?;
         tracing::info!(shard, "hosting a new replica");
+        Ok(true)
+    }
+
+    /// Starts hosting an empty replica of the metadata group; `false` if it
+    /// was hosted already.
+    pub async fn host_meta(self: &Arc<Self>) -> Result<bool, StartError> {
+        let _guard = self.hosting.lock().await;
+        if self.meta().is_some() {
+            return Ok(false);
+        }
+        self.open_meta().await?;
+        self.persist_hosted(true).await?;
+        tracing::info!("hosting a new replica of the metadata group");
+        Ok(true)
+    }
+
+    /// Stops hosting the metadata group and deletes its data; `false` if it
+    /// was not hosted.
+    pub async fn release_meta(self: &Arc<Self>) -> Result<bool, StartError> {
+        let _guard = self.hosting.lock().await;
+        let Some(ctx) = self.meta.write().expect("meta lock").take() else { return Ok(false) };
+        self.persist_hosted(true).await?;
+        let group = tocsin_store::keys::META_GROUP;
+        self.groups.remove(group);
+        if let Err(e) = ctx.raft.shutdown().await {
+            tracing::warn!(error = %e, "raft shutdown while releasing the metadata replica");
+        }
+        self.store
+            .drop_group(group)
+            .await
+            .map_err(|source| StartError::Store { path: self.store.path().display().to_string(), source })?;
+        tracing::info!("released the metadata replica and deleted its data");
         Ok(true)
     }
 
@@ -354,13 +459,20 @@ impl Node {
         let rf = config.replication_factor.min(members.len());
         let store_err = |source| StartError::Store { path: config.data_dir.display().to_string(), source };
         let recorded = store.hosted_groups().map_err(store_err)?;
-        let (hosted, bootstrapped): (Vec<ShardId>, bool) = match &recorded {
+        // The metadata group starts on the lowest-id initial members.
+        let meta_voters = crate::meta::initial_voters(&members);
+        let (hosted, host_meta, bootstrapped): (Vec<ShardId>, bool, bool) = match &recorded {
             Some(h) => (
                 h.groups.iter().filter(|g| **g < u64::from(config.num_shards)).map(|g| *g as ShardId).collect(),
+                h.groups.contains(&tocsin_store::keys::META_GROUP),
                 h.bootstrapped,
             ),
-            None if config.join => (Vec::new(), true),
-            None => ((0..config.num_shards).filter(|s| ring.replicas(*s, rf).contains(&node_id)).collect(), false),
+            None if config.join => (Vec::new(), false, true),
+            None => (
+                (0..config.num_shards).filter(|s| ring.replicas(*s, rf).contains(&node_id)).collect(),
+                meta_voters.contains(&node_id),
+                false,
+            ),
         };
         let router = Router::new(node_id, Duration::from_millis(config.raft.rpc_timeout_ms));
         for (id, grpc, _) in &members {
@@ -384,8 +496,17 @@ impl Node {
             metrics,
             forwarder: Arc::new(Forwarder::new(Duration::from_millis(config.admission.request_timeout_ms))),
             remote_view: std::sync::RwLock::new(None),
+            meta: std::sync::RwLock::new(None),
+            map: MapCache::default(),
+            moves: Arc::new(tokio::sync::Semaphore::new(MOVES_AT_ONCE)),
             shutting_down: AtomicBool::new(false),
         });
+        if host_meta {
+            state.open_meta().await?;
+            if let Ok(map) = store.cluster_map() {
+                state.map.learn(map);
+            }
+        }
         for shard in &hosted {
             state.open_shard(*shard).await?;
         }
@@ -401,14 +522,10 @@ impl Node {
         // each shard writes its first membership. Never afterwards: a replica
         // hosted later waits, uninitialized, to be added by its leader.
         if !bootstrapped {
-            for shard in &hosted {
-                let replicas = ring.replicas(*shard, rf);
-                if replicas.iter().min() != Some(&node_id) {
-                    continue;
-                }
-                let voters: BTreeMap<u64, NodeAddr> = members
+            let voters_of = |ids: &[u64]| -> BTreeMap<u64, NodeAddr> {
+                members
                     .iter()
-                    .filter(|m| replicas.contains(&m.0))
+                    .filter(|m| ids.contains(&m.0))
                     .map(|(id, grpc, http)| {
                         let addr = if *id == node_id {
                             self_addr.clone()
@@ -417,7 +534,23 @@ impl Node {
                         };
                         (*id, addr)
                     })
-                    .collect();
+                    .collect()
+            };
+            if let Some(meta) = state.meta()
+                && meta_voters.first() == Some(&node_id)
+                && !meta.raft.is_initialized().await.unwrap_or(true)
+            {
+                let voters = voters_of(meta_voters.as_slice());
+                if let Err(e) = meta.raft.initialize(voters).await {
+                    tracing::warn!(error = %e, "initializing the metadata group failed (already initialized?)");
+                }
+            }
+            for shard in &hosted {
+                let replicas = ring.replicas(*shard, rf);
+                if replicas.iter().min() != Some(&node_id) {
+                    continue;
+                }
+                let voters = voters_of(replicas.as_slice());
                 let Some(ctx) = state.shards.get(*shard) else { continue };
                 if !ctx.raft.is_initialized().await.unwrap_or(true)
                     && let Err(e) = ctx.raft.initialize(voters).await
@@ -430,7 +563,7 @@ impl Node {
 
         let supervisors =
             vec![tokio::spawn(crate::balance::run(state.clone())), tokio::spawn(crate::reconcile::run(state.clone()))];
-        tracing::info!(node_id, %grpc_addr, %http_addr, shards = config.num_shards, hosted = hosted.len(), data = %config.data_dir.display(), "node started");
+        tracing::info!(node_id, %grpc_addr, %http_addr, shards = config.num_shards, hosted = hosted.len(), metadata = host_meta, data = %config.data_dir.display(), "node started");
         Ok(Node { state, grpc_addr, http_addr, shutdown, servers, supervisors })
     }
 
@@ -438,7 +571,10 @@ impl Node {
     pub async fn wait_ready(&self, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            if self.state.shards.all().iter().all(|c| c.raft.metrics().borrow_watched().current_leader.is_some()) {
+            let meta_led = self.state.meta().is_none_or(|m| m.raft.metrics().borrow_watched().current_leader.is_some());
+            if meta_led
+                && self.state.shards.all().iter().all(|c| c.raft.metrics().borrow_watched().current_leader.is_some())
+            {
                 return true;
             }
             if tokio::time::Instant::now() > deadline {

@@ -48,6 +48,23 @@ type C = TypeConfig;
 /// Bytes per snapshot chunk.
 const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
 
+/// How much slower the metadata group's heartbeats and elections are than
+/// a shard's: nothing waits on it but cluster operations, and every group's
+/// heartbeats cost CPU the fire loops share.
+pub const METADATA_TIMING_FACTOR: u64 = 4;
+
+/// openraft's config for the metadata group: a shard's, with heartbeats
+/// and election timeouts [`METADATA_TIMING_FACTOR`] times longer.
+pub fn metadata_config(tuning: &RaftTuning) -> Arc<openraft::Config> {
+    let slower = RaftTuning {
+        heartbeat_ms: tuning.heartbeat_ms * METADATA_TIMING_FACTOR,
+        election_timeout_min_ms: tuning.election_timeout_min_ms * METADATA_TIMING_FACTOR,
+        election_timeout_max_ms: tuning.election_timeout_max_ms * METADATA_TIMING_FACTOR,
+        ..tuning.clone()
+    };
+    openraft_config(&slower)
+}
+
 /// openraft's config for every group, from the node's tuning.
 pub fn openraft_config(tuning: &RaftTuning) -> Arc<openraft::Config> {
     let config = openraft::Config {

@@ -1,8 +1,15 @@
-//! Keeps this node's replicas in line with the shards' committed
-//! memberships, every [`ROUND`]:
+//! Keeps this node in line with the cluster map and the shards' committed
+//! memberships, every [`ROUND`] (at once when a request showed it a newer
+//! map epoch):
 //!
-//! - refreshes the cluster view ([`crate::view`]) the balancer and request
+//! - refreshes its cached cluster map, and every [`VIEW_EVERY_ROUNDS`]
+//!   rounds the cluster view ([`crate::view`]) the balancer and request
 //!   forwarding use;
+//! - as a shard's leader, moves the shard's replicas to where the map says
+//!   they belong when they differ ([`move_to_map`]): it reads the map at the
+//!   metadata leader first, so a stale cache never moves anything, and runs
+//!   at most `MOVES_AT_ONCE` moves at a time, so growing a cluster does not
+//!   stream every snapshot at once;
 //! - completes a membership change left in joint consensus (its leader was
 //!   killed between the joint and the uniform entry) on shards this node
 //!   leads, when no change is in progress;
@@ -11,27 +18,63 @@
 //!   talk to it. Only when a newer *committed* membership names this node
 //!   neither as voter nor learner, and the local replica is initialized (a
 //!   replica being added starts uninitialized), so a replica that may still
-//!   count towards a quorum is never dropped.
+//!   count towards a quorum is never dropped;
+//! - as the metadata leader, runs [`crate::meta::drive`].
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
+use std::time::Instant;
 
 use openraft::ChangeMembers;
 use openraft::async_runtime::WatchReceiver as _;
+use tocsin_core::cluster::ClusterMap;
+use tocsin_store::NodeAddr;
 
+use crate::api::error::ApiError;
 use crate::node::NodeState;
+use crate::replicas::Changed;
+use crate::replicas::Group;
+use crate::shard::ShardCtx;
 
 /// How often the node reconciles.
-const ROUND: Duration = Duration::from_secs(2);
+const ROUND: Duration = Duration::from_secs(1);
+/// How often it looks while it knows no cluster map yet.
+const FIRST_MAP_POLL: Duration = Duration::from_millis(100);
+/// Every how many rounds the cluster view is gathered from the other
+/// nodes (one `GetShardMap` to each): moves need only local state and the
+/// map, and the view's users can wait a little.
+const VIEW_EVERY_ROUNDS: u64 = 2;
 /// Deadline of each other node's answer when the view is gathered.
 const VIEW_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long a shard whose move failed waits before the next attempt.
+const RETRY_MOVE_AFTER: Duration = Duration::from_secs(3);
 
 /// Runs until the node stops.
 pub async fn run(node: Arc<NodeState>) {
-    loop {
-        tokio::time::sleep(ROUND).await;
+    for round in 0u64.. {
+        // A new cluster's metadata leader writes the first map as soon as
+        // it is elected, not a round later.
+        let wait = if node.map.get().is_bootstrapped() { ROUND } else { FIRST_MAP_POLL };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = node.map.stale.notified() => {}
+        }
         if node.shutting_down() {
             return;
+        }
+        crate::meta::refresh(&node).await;
+        let map = node.map.get();
+        if !round.is_multiple_of(VIEW_EVERY_ROUNDS) {
+            for ctx in node.shards.all() {
+                let m = ctx.raft.metrics().borrow_watched().clone();
+                let joint = m.membership_config.membership().get_joint_config().len() > 1;
+                if m.state == openraft::ServerState::Leader && m.current_leader == Some(node.node_id) && !joint {
+                    maybe_move(&node, &ctx, &map);
+                }
+            }
+            continue;
         }
         let view = crate::view::gather(&node, VIEW_TIMEOUT).await;
         for ctx in node.shards.all() {
@@ -45,6 +88,10 @@ pub async fn run(node: Arc<NodeState>) {
                 if let Err(e) = ctx.raft.change_membership(ChangeMembers::ReplaceAllVoters(target), false).await {
                     tracing::warn!(shard = ctx.shard, error = %e, "completing the joint membership");
                 }
+                continue;
+            }
+            if leading {
+                maybe_move(&node, &ctx, &map);
                 continue;
             }
             let Some(local_index) = m.membership_config.log_id().as_ref().map(|l| l.index) else { continue };
@@ -66,6 +113,78 @@ pub async fn run(node: Arc<NodeState>) {
                 }
             }
         }
+        crate::meta::drive(&node, &view).await;
         *node.remote_view.write().expect("view lock") = Some(view);
     }
+}
+
+/// Starts moving `ctx`'s replicas to the map's target if they differ, no
+/// move of it is running, its last failure is old enough, and this node
+/// has a move to spare.
+fn maybe_move(node: &Arc<NodeState>, ctx: &Arc<ShardCtx>, map: &ClusterMap) {
+    if !map.is_bootstrapped() || ctx.epoch().is_none() {
+        return;
+    }
+    let target = map.replicas(ctx.shard);
+    let voters: Vec<u64> = {
+        let m = ctx.raft.metrics().borrow_watched().clone();
+        let mut v: Vec<u64> = m.membership_config.membership().voter_ids().collect();
+        v.sort_unstable();
+        v
+    };
+    if target.is_empty() || voters == target {
+        ctx.move_error.lock().expect("move error lock").0.clear();
+        return;
+    }
+    if ctx.moving.load(Ordering::SeqCst)
+        || ctx.move_error.lock().expect("move error lock").1.is_some_and(|retry_at| Instant::now() < retry_at)
+    {
+        return;
+    }
+    let Ok(permit) = node.moves.clone().try_acquire_owned() else { return };
+    ctx.moving.store(true, Ordering::SeqCst);
+    let (node, ctx) = (node.clone(), ctx.clone());
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let result = move_to_map(&node, &ctx).await;
+        let mut error = ctx.move_error.lock().expect("move error lock");
+        match result {
+            Ok(done) => {
+                if done.changed {
+                    tracing::info!(
+                        shard = ctx.shard,
+                        bytes_streamed = done.bytes_streamed,
+                        took_ms = started.elapsed().as_millis() as u64,
+                        "moved the shard's replicas to the cluster map's target"
+                    );
+                }
+                *error = (String::new(), None);
+            }
+            // Left out of the target, this leader handed its leadership to
+            // a new voter, which carries on.
+            Err(ApiError::Unavailable { leader: Some(_), .. }) => *error = (String::new(), None),
+            Err(e) => {
+                tracing::warn!(shard = ctx.shard, error = %e, "moving the shard's replicas");
+                *error = (e.to_string(), Some(Instant::now() + RETRY_MOVE_AFTER));
+            }
+        }
+        drop(error);
+        ctx.moving.store(false, Ordering::SeqCst);
+        drop(permit);
+    });
+}
+
+/// Reads the map at the metadata leader and makes its target for `ctx`'s
+/// shard the voter set.
+async fn move_to_map(node: &Arc<NodeState>, ctx: &Arc<ShardCtx>) -> Result<Changed, ApiError> {
+    let map = crate::meta::read_latest(node).await?;
+    let target: BTreeMap<u64, NodeAddr> = map
+        .replicas(ctx.shard)
+        .iter()
+        .map(|id| {
+            let n = map.nodes.get(id).ok_or_else(|| ApiError::Internal(format!("node {id} is not in the map")))?;
+            Ok((*id, NodeAddr { grpc_addr: n.grpc_addr.clone(), http_addr: n.http_addr.clone() }))
+        })
+        .collect::<Result<_, ApiError>>()?;
+    crate::replicas::set_voters(node, &Group::Shard(ctx.clone()), target).await
 }

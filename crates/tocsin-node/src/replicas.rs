@@ -1,22 +1,23 @@
-//! Moving a shard's replicas: the `ReplicaControl` service, and the leader's
-//! side of changing a shard's voter set.
+//! Moving a Raft group's replicas (a shard's, or the metadata group's), and
+//! the `ReplicaControl` service nodes use to ask one another for it.
 //!
-//! A change to shard S's voters, as its leader carries it out
-//! ([`set_replicas`]), is:
+//! A change to group G's voters, as its leader carries it out
+//! ([`set_voters`]), is:
 //!
-//! 1. each new node hosts an empty replica of S (`HostShard`);
+//! 1. each new node hosts an empty replica of G (`HostShard`);
 //! 2. the leader adds it as a learner and waits until it has caught up,
 //!    by snapshot where the log was purged (`add_learner`, blocking);
 //! 3. one joint-consensus change makes the target set the voters
 //!    (`change_membership`), and the committed result is checked;
 //! 4. each node left out drops its replica and data (`ReleaseShard`).
 //!
-//! Every step is idempotent, so an interrupted change (an admin command
-//! cut off, or a leader killed between the joint and the uniform entry) is
-//! completed by sending the same target again. Changes to one shard are
-//! serialized by [`crate::shard::ShardCtx::membership_change`]. A leader
-//! that is itself left out hands its leadership to a new voter first and
-//! answers with that leader as the hint.
+//! Every step is idempotent, so an interrupted change (a leader killed
+//! between the joint and the uniform entry) is completed by carrying out
+//! the same target again. Changes to one group are serialized by its
+//! `membership_change` lock. A leader that is itself left out hands its
+//! leadership to a new voter first and answers with that leader as the
+//! hint. Which target a shard gets is the cluster map's call
+//! (`reconcile.rs` reads it at the metadata leader before every change).
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
@@ -25,26 +26,114 @@ use std::time::Duration;
 
 use openraft::ChangeMembers;
 use openraft::async_runtime::WatchReceiver as _;
-use tocsin_core::ShardId;
 use tocsin_proto::v1 as pb;
 use tocsin_proto::v1::replica_control_client::ReplicaControlClient;
+use tocsin_store::GroupId;
 use tocsin_store::NodeAddr;
+use tocsin_store::Raft;
 use tonic::transport::Channel;
 use tonic::transport::Endpoint;
 
 use crate::api::error::ApiError;
+use crate::meta::MetaCtx;
 use crate::node::NodeState;
 use crate::proposer::ProposeError;
 use crate::proposer::to_propose_error;
 use crate::shard::ShardCtx;
 
 /// How long a new replica may take to catch up before the change gives up
-/// (it can be re-run; the learner keeps what it received).
+/// (it is tried again; the learner keeps what it received).
 const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(300);
 /// Deadline of the small node-to-node calls (host, release).
 const CONTROL_RPC_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a leader that is left out waits for its handover.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A group whose voters change.
+#[derive(Clone)]
+pub enum Group {
+    Shard(Arc<ShardCtx>),
+    Meta(Arc<MetaCtx>),
+}
+
+impl Group {
+    fn raft(&self) -> &Raft {
+        match self {
+            Group::Shard(ctx) => &ctx.raft,
+            Group::Meta(ctx) => &ctx.raft,
+        }
+    }
+
+    fn id(&self) -> GroupId {
+        match self {
+            Group::Shard(ctx) => ctx.group,
+            Group::Meta(_) => tocsin_store::keys::META_GROUP,
+        }
+    }
+
+    fn lock(&self) -> &tokio::sync::Mutex<()> {
+        match self {
+            Group::Shard(ctx) => &ctx.membership_change,
+            Group::Meta(ctx) => &ctx.membership_change,
+        }
+    }
+
+    fn name(&self) -> String {
+        match self {
+            Group::Shard(ctx) => format!("shard {}", ctx.shard),
+            Group::Meta(_) => "the metadata group".into(),
+        }
+    }
+
+    fn not_leader(&self) -> ApiError {
+        match self {
+            Group::Shard(ctx) => {
+                ApiError::from_propose(ctx.shard, ProposeError::NotLeader { leader: ctx.leader_hint() })
+            }
+            Group::Meta(_) => ApiError::unavailable("this node does not lead the metadata group", 100),
+        }
+    }
+
+    fn host_request(&self) -> pb::HostShardRequest {
+        match self {
+            Group::Shard(ctx) => pb::HostShardRequest { shard: ctx.shard, metadata: false },
+            Group::Meta(_) => pb::HostShardRequest { shard: 0, metadata: true },
+        }
+    }
+
+    fn release_request(&self, voters: &BTreeSet<u64>) -> pb::ReleaseShardRequest {
+        let voters = voters.iter().copied().collect();
+        match self {
+            Group::Shard(ctx) => pb::ReleaseShardRequest { shard: ctx.shard, voters, metadata: false },
+            Group::Meta(_) => pb::ReleaseShardRequest { shard: 0, voters, metadata: true },
+        }
+    }
+
+    fn raft_error(
+        &self,
+        what: &str,
+        e: openraft::error::RaftError<
+            tocsin_store::TypeConfig,
+            openraft::error::ClientWriteError<tocsin_store::TypeConfig>,
+        >,
+    ) -> ApiError {
+        match (self, to_propose_error(e)) {
+            (Group::Shard(ctx), e @ (ProposeError::NotLeader { .. } | ProposeError::Discarded { .. })) => {
+                ApiError::from_propose(ctx.shard, e)
+            }
+            (_, other) => ApiError::unavailable(format!("{what} of {} failed: {other}", self.name()), 500),
+        }
+    }
+}
+
+/// What a finished change did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Changed {
+    /// False when the voters already were the target.
+    pub changed: bool,
+    /// Snapshot bytes sent to catch up the new replicas.
+    pub bytes_streamed: u64,
+}
 
 /// A `ReplicaControl` client for `addr`, with `timeout` on every call.
 pub async fn control_client(addr: &str, timeout: Duration) -> Result<ReplicaControlClient<Channel>, ApiError> {
@@ -58,53 +147,33 @@ pub async fn control_client(addr: &str, timeout: Duration) -> Result<ReplicaCont
     Ok(ReplicaControlClient::new(channel))
 }
 
-fn not_leader(ctx: &ShardCtx) -> ApiError {
-    ApiError::from_propose(ctx.shard, ProposeError::NotLeader { leader: ctx.leader_hint() })
-}
-
-fn raft_error(
-    ctx: &ShardCtx,
-    what: &str,
-    e: openraft::error::RaftError<
-        tocsin_store::TypeConfig,
-        openraft::error::ClientWriteError<tocsin_store::TypeConfig>,
-    >,
-) -> ApiError {
-    match to_propose_error(e) {
-        e @ (ProposeError::NotLeader { .. } | ProposeError::Discarded { .. }) => ApiError::from_propose(ctx.shard, e),
-        other => ApiError::unavailable(format!("{what} of shard {} failed: {other}", ctx.shard), 500),
-    }
-}
-
-fn is_leader(node: &NodeState, ctx: &ShardCtx) -> bool {
-    let m = ctx.raft.metrics().borrow_watched().clone();
+fn is_leader(node: &NodeState, raft: &Raft) -> bool {
+    let m = raft.metrics().borrow_watched().clone();
     m.state == openraft::ServerState::Leader && m.current_leader == Some(node.node_id)
 }
 
-/// The leader's side: makes `target` the voters of `shard` (see the module
+/// The leader's side: makes `target` the voters of `group` (see the module
 /// doc).
-pub async fn set_replicas(
+pub async fn set_voters(
     node: &Arc<NodeState>,
-    shard: ShardId,
+    group: &Group,
     target: BTreeMap<u64, NodeAddr>,
-) -> Result<pb::SetReplicasResponse, ApiError> {
-    if shard >= node.config.num_shards {
-        return Err(ApiError::invalid("shard", format!("must be below {}", node.config.num_shards)));
-    }
+) -> Result<Changed, ApiError> {
     if target.is_empty() {
         return Err(ApiError::invalid("voters", "must name at least one node"));
     }
     if let Some((id, _)) = target.iter().find(|(id, a)| **id == 0 || a.grpc_addr.is_empty()) {
         return Err(ApiError::invalid("voters", format!("node {id} needs an id above 0 and a grpc address")));
     }
-    let ctx = node.shard(shard)?;
-    let _serial = ctx.membership_change.lock().await;
-    if !is_leader(node, &ctx) {
-        return Err(not_leader(&ctx));
+    let raft = group.raft();
+    let name = group.name();
+    let _serial = group.lock().lock().await;
+    if !is_leader(node, raft) {
+        return Err(group.not_leader());
     }
     let want: BTreeSet<u64> = target.keys().copied().collect();
     let (current, joint, mut left_out) = {
-        let m = ctx.raft.metrics().borrow_watched().clone();
+        let m = raft.metrics().borrow_watched().clone();
         let membership = m.membership_config.membership();
         let current = membership.voter_ids().collect::<BTreeSet<u64>>();
         // Where the replicas left out live, read before the change drops
@@ -114,49 +183,45 @@ pub async fn set_replicas(
         (current, membership.get_joint_config().len() > 1, left_out)
     };
     if current == want && !joint {
-        return Ok(pb::SetReplicasResponse { voters: want.into_iter().collect(), bytes_streamed: 0, changed: false });
+        return Ok(Changed::default());
     }
 
     if !want.contains(&node.node_id)
-        && let Some(to) = crate::balance::healthy_voters(&ctx).into_iter().find(|id| want.contains(id))
+        && let Some(to) = crate::balance::healthy_voters(raft, node.node_id).into_iter().find(|id| want.contains(id))
     {
-        tracing::info!(shard, to, "left out of the new voter set: handing the leadership over first");
-        let _ = ctx.raft.trigger().transfer_leader(to).await;
+        tracing::info!(group = %name, to, "left out of the new voter set: handing the leadership over first");
+        let _ = raft.trigger().transfer_leader(to).await;
         let deadline = tokio::time::Instant::now() + HANDOVER_TIMEOUT;
-        while is_leader(node, &ctx) && tokio::time::Instant::now() < deadline {
+        while is_leader(node, raft) && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        return Err(not_leader(&ctx));
+        return Err(group.not_leader());
     }
 
-    let bytes_before = node.router.snapshot_bytes(ctx.group);
+    let bytes_before = node.router.snapshot_bytes(group.id());
     for (id, addr) in target.iter().filter(|(id, _)| !current.contains(id)) {
         if *id != node.node_id {
             let mut client = control_client(&addr.grpc_addr, CONTROL_RPC_TIMEOUT).await?;
-            client.host_shard(pb::HostShardRequest { shard }).await.map_err(|s| {
-                ApiError::unavailable(format!("node {id} could not host shard {shard}: {}", s.message()), 500)
+            client.host_shard(group.host_request()).await.map_err(|s| {
+                ApiError::unavailable(format!("node {id} could not host a replica of {name}: {}", s.message()), 500)
             })?;
             node.router.set_addr(*id, &addr.grpc_addr);
         }
-        tracing::info!(shard, node = id, "adding a learner and waiting for it to catch up");
+        tracing::info!(group = %name, node = id, "adding a learner and waiting for it to catch up");
         let deadline = tokio::time::Instant::now() + CATCH_UP_TIMEOUT;
-        let too_slow = || {
-            ApiError::unavailable(
-                format!("node {id} did not catch up on shard {shard} within {CATCH_UP_TIMEOUT:?}"),
-                1000,
-            )
-        };
+        let too_slow =
+            || ApiError::unavailable(format!("node {id} did not catch up on {name} within {CATCH_UP_TIMEOUT:?}"), 1000);
         // openraft's blocking add_learner counts a learner within
         // `replication_lag_threshold` entries (thousands) as caught up, so
         // it can return while a snapshot is still streaming: wait for the
         // learner to hold everything the log had once it was added.
-        match tokio::time::timeout_at(deadline, ctx.raft.add_learner(*id, addr.clone(), false)).await {
+        match tokio::time::timeout_at(deadline, raft.add_learner(*id, addr.clone(), false)).await {
             Ok(Ok(_)) => {}
-            Ok(Err(e)) => return Err(raft_error(&ctx, "adding a learner", e)),
+            Ok(Err(e)) => return Err(group.raft_error("adding a learner", e)),
             Err(_) => return Err(too_slow()),
         }
-        let target = ctx.raft.metrics().borrow_watched().last_log_index.unwrap_or(0);
-        let mut metrics = ctx.raft.metrics();
+        let target = raft.metrics().borrow_watched().last_log_index.unwrap_or(0);
+        let mut metrics = raft.metrics();
         loop {
             let (matched, leading) = {
                 let m = metrics.borrow_watched();
@@ -164,33 +229,32 @@ pub async fn set_replicas(
                 (matched, m.state == openraft::ServerState::Leader)
             };
             if !leading {
-                return Err(not_leader(&ctx));
+                return Err(group.not_leader());
             }
             if matched >= target {
                 break;
             }
             match tokio::time::timeout_at(deadline, metrics.changed()).await {
                 Ok(Ok(())) => {}
-                Ok(Err(_)) => return Err(not_leader(&ctx)),
+                Ok(Err(_)) => return Err(group.not_leader()),
                 Err(_) => return Err(too_slow()),
             }
         }
     }
 
-    tracing::info!(shard, from = ?current, to = ?want, "changing the voter set");
-    ctx.raft
-        .change_membership(ChangeMembers::ReplaceAllVoters(want.clone()), false)
+    tracing::info!(group = %name, from = ?current, to = ?want, "changing the voter set");
+    raft.change_membership(ChangeMembers::ReplaceAllVoters(want.clone()), false)
         .await
-        .map_err(|e| raft_error(&ctx, "the membership change", e))?;
+        .map_err(|e| group.raft_error("the membership change", e))?;
     let (after, committed) = {
-        let m = ctx.raft.metrics().borrow_watched().clone();
+        let m = raft.metrics().borrow_watched().clone();
         let after: BTreeSet<u64> = m.membership_config.membership().voter_ids().collect();
         let uniform = m.membership_config.membership().get_joint_config().len() == 1;
         (after, uniform && m.committed_membership_config.log_id() == m.membership_config.log_id())
     };
     if after != want || !committed {
         return Err(ApiError::Internal(format!(
-            "shard {shard}: the membership is {after:?} (committed: {committed}), not {want:?}; run the command again"
+            "{name}: the membership is {after:?} (committed: {committed}), not {want:?}; it will be tried again"
         )));
     }
 
@@ -199,33 +263,34 @@ pub async fn set_replicas(
     // this group.
     let self_left_out = left_out.remove(&node.node_id).is_some();
     for (id, addr) in left_out {
-        if let Err(e) = release_on(&addr.grpc_addr, shard, &want).await {
-            tracing::warn!(shard, node = id, error = %e, "could not release the left-out replica (node down?)");
+        if let Err(e) = release_on(&addr.grpc_addr, group.release_request(&want)).await {
+            tracing::warn!(group = %name, node = id, error = %e, "could not release the left-out replica (node down?)");
         }
     }
-    let bytes_streamed = node.router.snapshot_bytes(ctx.group).saturating_sub(bytes_before);
+    let bytes_streamed = node.router.snapshot_bytes(group.id()).saturating_sub(bytes_before);
     if self_left_out {
         // This leader removed itself (no new voter could take over first).
         // Give the new voters a few heartbeats to learn that the change
         // committed, then drop the replica before answering.
         tokio::time::sleep(Duration::from_millis(4 * node.config.raft.heartbeat_ms)).await;
         drop(_serial);
-        if let Err(e) = node.release_shard(shard).await {
-            tracing::warn!(shard, error = %e, "releasing this node's own replica");
+        let released = match group {
+            Group::Shard(ctx) => node.release_shard(ctx.shard).await,
+            Group::Meta(_) => node.release_meta().await,
+        };
+        if let Err(e) = released {
+            tracing::warn!(group = %name, error = %e, "releasing this node's own replica");
         }
     }
-    Ok(pb::SetReplicasResponse { voters: want.into_iter().collect(), bytes_streamed, changed: true })
+    Ok(Changed { changed: true, bytes_streamed })
 }
 
-async fn release_on(addr: &str, shard: ShardId, voters: &BTreeSet<u64>) -> Result<bool, ApiError> {
+async fn release_on(addr: &str, request: pb::ReleaseShardRequest) -> Result<bool, ApiError> {
     if addr.is_empty() {
         return Err(ApiError::unavailable("no address known", 0));
     }
     let mut client = control_client(addr, CONTROL_RPC_TIMEOUT).await?;
-    let resp = client
-        .release_shard(pb::ReleaseShardRequest { shard, voters: voters.iter().copied().collect() })
-        .await
-        .map_err(|s| ApiError::unavailable(s.message(), 0))?;
+    let resp = client.release_shard(request).await.map_err(|s| ApiError::unavailable(s.message(), 0))?;
     Ok(resp.into_inner().released)
 }
 
@@ -246,14 +311,15 @@ impl pb::replica_control_server::ReplicaControl for ReplicaService {
         &self,
         request: tonic::Request<pb::HostShardRequest>,
     ) -> Result<tonic::Response<pb::HostShardResponse>, tonic::Status> {
-        let shard = request.into_inner().shard;
-        if shard >= self.node.config.num_shards {
+        let req = request.into_inner();
+        if !req.metadata && req.shard >= self.node.config.num_shards {
             return Err(ApiError::invalid("shard", format!("must be below {}", self.node.config.num_shards)).into());
         }
         if self.node.shutting_down() {
             return Err(tonic::Status::unavailable("this node is shutting down"));
         }
-        let created = self.node.host_shard(shard).await.map_err(|e| tonic::Status::internal(e.to_string()))?;
+        let created = if req.metadata { self.node.host_meta().await } else { self.node.host_shard(req.shard).await };
+        let created = created.map_err(|e| tonic::Status::internal(e.to_string()))?;
         Ok(tonic::Response::new(pb::HostShardResponse { created }))
     }
 
@@ -262,27 +328,32 @@ impl pb::replica_control_server::ReplicaControl for ReplicaService {
         request: tonic::Request<pb::ReleaseShardRequest>,
     ) -> Result<tonic::Response<pb::ReleaseShardResponse>, tonic::Status> {
         let req = request.into_inner();
+        let what = if req.metadata { "the metadata group".to_string() } else { format!("shard {}", req.shard) };
         if req.voters.contains(&self.node.node_id) {
             return Err(tonic::Status::failed_precondition(format!(
-                "node {} is still a voter of shard {}",
-                self.node.node_id, req.shard
+                "node {} is still a voter of {what}",
+                self.node.node_id
             )));
         }
-        let released = self.node.release_shard(req.shard).await.map_err(|e| tonic::Status::internal(e.to_string()))?;
+        let released =
+            if req.metadata { self.node.release_meta().await } else { self.node.release_shard(req.shard).await };
+        let released = released.map_err(|e| tonic::Status::internal(e.to_string()))?;
         Ok(tonic::Response::new(pb::ReleaseShardResponse { released }))
     }
 
-    async fn set_replicas(
+    async fn propose_cluster(
         &self,
-        request: tonic::Request<pb::SetReplicasRequest>,
-    ) -> Result<tonic::Response<pb::SetReplicasResponse>, tonic::Status> {
+        request: tonic::Request<pb::ProposeClusterRequest>,
+    ) -> Result<tonic::Response<pb::ProposeClusterResponse>, tonic::Status> {
         let req = request.into_inner();
-        let mut target = BTreeMap::new();
-        for v in req.voters {
-            if target.insert(v.node_id, NodeAddr { grpc_addr: v.grpc_addr, http_addr: v.http_addr }).is_some() {
-                return Err(ApiError::invalid("voters", format!("node {} is named twice", v.node_id)).into());
-            }
-        }
-        Ok(tonic::Response::new(set_replicas(&self.node, req.shard, target).await?))
+        Ok(tonic::Response::new(crate::meta::serve_propose(&self.node, &req.command).await?))
+    }
+
+    async fn read_cluster_map(
+        &self,
+        request: tonic::Request<pb::ReadClusterMapRequest>,
+    ) -> Result<tonic::Response<pb::ReadClusterMapResponse>, tonic::Status> {
+        let linearizable = request.into_inner().linearizable;
+        Ok(tonic::Response::new(crate::meta::serve_read(&self.node, linearizable).await?))
     }
 }

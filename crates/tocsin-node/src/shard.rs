@@ -50,6 +50,11 @@ pub struct ShardCtx {
     /// Held while this node changes the shard's voter set, so changes to one
     /// shard's membership never overlap.
     pub membership_change: tokio::sync::Mutex<()>,
+    /// Whether a move of this shard's replicas to the cluster map's target
+    /// is running here (see `reconcile.rs`).
+    pub moving: std::sync::atomic::AtomicBool,
+    /// Why the last move failed ("" if it did not), and when to try again.
+    pub move_error: std::sync::Mutex<(String, Option<std::time::Instant>)>,
     /// The latest fire lateness samples (at most [`LATENESS_SAMPLES`]), for
     /// `tocsin admin status`.
     lateness_ms: std::sync::Mutex<std::collections::VecDeque<u64>>,
@@ -81,6 +86,8 @@ impl ShardCtx {
             config,
             leadership: watch::channel(Leadership::Follower).0,
             membership_change: tokio::sync::Mutex::new(()),
+            moving: std::sync::atomic::AtomicBool::new(false),
+            move_error: std::sync::Mutex::new((String::new(), None)),
             lateness_ms: std::sync::Mutex::new(std::collections::VecDeque::with_capacity(LATENESS_SAMPLES)),
             lease,
         }
@@ -103,6 +110,11 @@ impl ShardCtx {
         }
         v.sort_unstable();
         v[(v.len() - 1) * 99 / 100]
+    }
+
+    /// Why the last move of this shard's replicas failed, if it did.
+    pub fn move_error(&self) -> String {
+        self.move_error.lock().expect("move error lock").0.clone()
     }
 
     pub fn leadership(&self) -> Leadership {

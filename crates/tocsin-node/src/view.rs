@@ -1,12 +1,15 @@
-//! The cluster as the reachable nodes report it: every shard's voters and
-//! leader, and every node's addresses, merged from each node's shard map.
+//! The cluster as the reachable nodes report it: every shard's actual
+//! voters and leader, and every node's addresses, merged from each node's
+//! shard map. The cluster map says where replicas *belong*; this view says
+//! where they *are*, which is what operations wait on and what requests are
+//! forwarded by.
 //!
 //! No node hosts every shard once a cluster has more nodes than the
-//! replication factor, so admin operations and the leader balancer ask the
-//! others. A shard's voter set is taken from the report with the newest
-//! committed membership (`shard_epoch` is the log index of its entry), and
-//! its leader from the report with the highest term that names one, a
-//! leader's report about itself winning ties.
+//! replication factor, so operations, the metadata leader and the leader
+//! balancer ask the others. A shard's voter set is taken from the report
+//! with the newest committed membership (`membership_index` is the log
+//! index of its entry), and its leader from the report with the highest
+//! term that names one, a leader's report about itself winning ties.
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
@@ -35,6 +38,10 @@ pub struct ShardView {
     pub term: u64,
     /// Whether `leader` reported itself.
     pub leader_self_reported: bool,
+    /// Why the leader's last move of the replicas failed ("" if it did not).
+    pub move_error: String,
+    /// Snapshot bytes sent for this shard, summed over the nodes.
+    pub snapshot_bytes: u64,
 }
 
 /// The merged view.
@@ -54,6 +61,19 @@ impl ClusterView {
         self.shards.iter().flat_map(|s| s.voters.iter().copied()).collect()
     }
 
+    /// Whether `shard`'s committed voters are exactly `target` (sorted),
+    /// with no learner still catching up.
+    pub fn in_place(&self, shard: u32, target: &[u64]) -> bool {
+        self.shards
+            .get(shard as usize)
+            .is_some_and(|s| !s.voters.is_empty() && s.voters == target && s.learners.is_empty())
+    }
+
+    /// Whether `node` holds a replica (voter or learner) of any shard.
+    pub fn holds_any(&self, node: u64) -> bool {
+        self.shards.iter().any(|s| s.voters.contains(&node) || s.learners.contains(&node))
+    }
+
     /// Merges one node's shard map into the view.
     fn merge(&mut self, from: u64, map: &pb::ShardMap) {
         self.reachable.insert(from);
@@ -66,14 +86,20 @@ impl ClusterView {
         }
         for p in &map.shards {
             let Some(s) = self.shards.get_mut(p.shard as usize) else { continue };
-            if p.shard_epoch > s.membership_index || s.voters.is_empty() {
+            s.snapshot_bytes += p.snapshot_bytes_sent;
+            if !p.replicas.is_empty() && (p.membership_index > s.membership_index || s.voters.is_empty()) {
                 let mut voters = p.replicas.clone();
                 voters.sort_unstable();
                 s.voters = voters;
-                s.learners = p.learners.clone();
-                s.membership_index = p.shard_epoch;
+                let mut learners = p.learners.clone();
+                learners.sort_unstable();
+                s.learners = learners;
+                s.membership_index = p.membership_index;
             }
             let self_reported = p.leader != 0 && p.leader == from;
+            if self_reported {
+                s.move_error = p.move_error.clone();
+            }
             let better = p.leader != 0
                 && (p.term > s.term
                     || (p.term == s.term && (s.leader == 0 || (self_reported && !s.leader_self_reported))));
@@ -95,9 +121,13 @@ pub async fn gather(node: &Arc<NodeState>, timeout: Duration) -> ClusterView {
     let local = AdminApi::new(node.clone()).shard_map();
     view.merge(node.node_id, &local);
     // Peers this node has talked to, even if it hosts no shard with them
-    // any more (a drained node still finds the others).
+    // any more (a drained node still finds the others), except removed
+    // ones.
+    let map = node.map.get();
     for (id, addr) in node.router.known() {
-        view.nodes.entry(id).or_insert(NodeAddr { grpc_addr: addr, http_addr: String::new() });
+        if map.status(id) != Some(tocsin_core::cluster::NodeStatus::Removed) {
+            view.nodes.entry(id).or_insert(NodeAddr { grpc_addr: addr, http_addr: String::new() });
+        }
     }
     let mut asked: BTreeSet<u64> = BTreeSet::from([node.node_id]);
     for _round in 0..2 {
@@ -150,15 +180,17 @@ mod tests {
             ring: Vec::new(),
             shards: shards
                 .iter()
-                .map(|(shard, replicas, leader, epoch, term)| pb::ShardPlacement {
+                .map(|(shard, replicas, leader, index, term)| pb::ShardPlacement {
                     shard: *shard,
                     replicas: replicas.to_vec(),
                     leader: *leader,
-                    shard_epoch: *epoch,
+                    membership_index: *index,
                     term: *term,
-                    learners: Vec::new(),
+                    snapshot_bytes_sent: 10,
+                    ..Default::default()
                 })
                 .collect(),
+            metadata: None,
         }
     }
 
@@ -179,5 +211,11 @@ mod tests {
         assert_eq!(view.voter_nodes(), BTreeSet::from([1, 2, 4]));
         assert_eq!(view.reachable, BTreeSet::from([1, 2, 4]));
         assert_eq!(view.nodes.len(), 4);
+        // Snapshot bytes add up over the reports; placement is checked
+        // against a target.
+        assert_eq!(view.shards[0].snapshot_bytes, 30);
+        assert!(view.in_place(0, &[1, 2, 4]));
+        assert!(!view.in_place(0, &[1, 2, 3]));
+        assert!(view.holds_any(4) && !view.holds_any(3));
     }
 }

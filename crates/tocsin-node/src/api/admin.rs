@@ -1,5 +1,6 @@
 //! The `AdminService`: cluster info and the shard map, as this node sees
-//! them (from its Raft groups' metrics and membership).
+//! them (the cluster map it caches, and its Raft groups' metrics and
+//! memberships), and the cluster operations of `ops.rs`.
 
 use openraft::async_runtime::WatchReceiver as _;
 use std::collections::BTreeMap;
@@ -24,18 +25,42 @@ impl AdminApi {
         AdminApi { node }
     }
 
-    /// Every node named in any hosted group's membership, with addresses.
-    fn nodes(&self) -> BTreeMap<u64, tocsin_store::NodeAddr> {
-        let mut nodes = BTreeMap::new();
-        for ctx in self.node.shards.all() {
-            let metrics = ctx.raft.metrics().borrow_watched().clone();
-            for (id, addr) in metrics.membership_config.membership().nodes() {
-                nodes.insert(*id, addr.clone());
-            }
+    /// Every node the cluster map records, with its state, plus any other
+    /// node named in a hosted group's membership (before the map knows it).
+    fn nodes(&self) -> Vec<pb::NodeInfo> {
+        let map = self.node.map.get();
+        let mut nodes: BTreeMap<u64, pb::NodeInfo> = map
+            .nodes
+            .iter()
+            .map(|(id, n)| {
+                (
+                    *id,
+                    pb::NodeInfo {
+                        node_id: *id,
+                        grpc_addr: n.grpc_addr.clone(),
+                        http_addr: n.http_addr.clone(),
+                        state: node_state(n.status) as i32,
+                        reachable: false,
+                        since_epoch: n.since_epoch,
+                    },
+                )
+            })
+            .collect();
+        for (id, addr) in self.node.peers() {
+            nodes.entry(id).or_insert(pb::NodeInfo {
+                node_id: id,
+                grpc_addr: addr.grpc_addr,
+                http_addr: addr.http_addr,
+                ..Default::default()
+            });
         }
-        // This node knows its own current address best.
-        nodes.insert(self.node.node_id, self.node.self_addr.clone());
-        nodes
+        // This node knows its own current address best, and answers.
+        let me = nodes.entry(self.node.node_id).or_default();
+        me.node_id = self.node.node_id;
+        me.grpc_addr = self.node.self_addr.grpc_addr.clone();
+        me.http_addr = self.node.self_addr.http_addr.clone();
+        me.reachable = true;
+        nodes.into_values().collect()
     }
 
     /// Cluster info, with each hosted shard's state digest if asked.
@@ -55,7 +80,7 @@ impl AdminApi {
     }
 
     pub fn cluster_info(&self) -> pb::ClusterInfo {
-        let nodes = self.nodes();
+        let map = self.node.fresh_map();
         let mut shards = Vec::new();
         for ctx in self.node.shards.all() {
             let m = ctx.raft.metrics().borrow_watched().clone();
@@ -88,61 +113,79 @@ impl AdminApi {
                 state_digest: 0,
                 timer_count: 0,
                 digest_applied_index: 0,
+                target: map.replicas(ctx.shard).to_vec(),
+                shard_epoch: map.shard_epoch(ctx.shard),
+                move_error: ctx.move_error(),
+                snapshot_bytes_sent: self.node.router.snapshot_bytes(ctx.group),
             });
         }
         pb::ClusterInfo {
             node_id: self.node.node_id,
-            map_epoch: 1,
+            map_epoch: map.epoch,
             num_shards: self.node.config.num_shards,
-            nodes: nodes
-                .into_iter()
-                .map(|(id, addr)| pb::NodeInfo {
-                    node_id: id,
-                    grpc_addr: addr.grpc_addr,
-                    http_addr: addr.http_addr,
-                    state: pb::node_info::State::Active as i32,
-                    reachable: true,
-                })
-                .collect(),
+            nodes: self.nodes(),
             shards,
+            metadata: Some(crate::meta::status(&self.node)),
         }
     }
 
+    /// Every shard: its target and placement epoch from the cluster map,
+    /// and, for the shards this node hosts, the committed membership and
+    /// the leader as this node knows them.
     pub fn shard_map(&self) -> pb::ShardMap {
         let info = self.cluster_info();
-        let ring = tocsin_core::routing::Ring::new(info.nodes.iter().map(|n| n.node_id));
+        let map = self.node.map.get();
+        let ring = if map.is_bootstrapped() {
+            map.ring.clone()
+        } else {
+            tocsin_core::routing::Ring::new(info.nodes.iter().map(|n| n.node_id)).tokens().to_vec()
+        };
+        let hosted: BTreeMap<u32, pb::ShardStatus> = info.shards.into_iter().map(|s| (s.shard, s)).collect();
+        let shards = (0..info.num_shards)
+            .map(|shard| {
+                let mut p = pb::ShardPlacement {
+                    shard,
+                    target: map.replicas(shard).to_vec(),
+                    shard_epoch: map.shard_epoch(shard),
+                    ..Default::default()
+                };
+                let (Some(s), Ok(ctx)) = (hosted.get(&shard), self.node.shard(shard)) else { return p };
+                // A leader cut off from its quorum must not keep attracting
+                // clients: report the leader as unknown instead.
+                let cut_off = s.leader == self.node.node_id && ctx.proposer.quorum_lost();
+                p.leader = if cut_off { 0 } else { s.leader };
+                p.term = s.term;
+                // The last committed membership, and its log index: newer
+                // replica sets have higher ones (see `view.rs`).
+                let m = ctx.raft.metrics().borrow_watched().clone();
+                let committed = m.committed_membership_config.clone();
+                p.replicas = committed.membership().voter_ids().collect();
+                p.learners = committed.membership().learner_ids().collect();
+                p.membership_index = committed.log_id().as_ref().map_or(0, |l| l.index);
+                p.move_error = s.move_error.clone();
+                p.snapshot_bytes_sent = s.snapshot_bytes_sent;
+                p
+            })
+            .collect();
         pb::ShardMap {
             epoch: info.map_epoch,
             num_shards: info.num_shards,
             nodes: info.nodes,
-            ring: ring.tokens().iter().map(|(token, node)| pb::RingToken { token: *token, node_id: *node }).collect(),
-            shards: info
-                .shards
-                .into_iter()
-                .map(|s| {
-                    // A leader cut off from its quorum must not keep attracting
-                    // clients: report the leader as unknown instead.
-                    let cut_off = s.leader == self.node.node_id
-                        && self.node.shard(s.shard).is_ok_and(|ctx| ctx.proposer.quorum_lost());
-                    let leader = if cut_off { 0 } else { s.leader };
-                    // The last committed membership, and its log index:
-                    // newer replica sets have higher ones (see `view.rs`).
-                    let (replicas, learners, shard_epoch) = match self.node.shard(s.shard) {
-                        Ok(ctx) => {
-                            let m = ctx.raft.metrics().borrow_watched().clone();
-                            let committed = m.committed_membership_config.clone();
-                            (
-                                committed.membership().voter_ids().collect(),
-                                committed.membership().learner_ids().collect(),
-                                committed.log_id().as_ref().map_or(0, |l| l.index),
-                            )
-                        }
-                        Err(_) => (s.replicas, s.learners, 0),
-                    };
-                    pb::ShardPlacement { shard: s.shard, replicas, leader, shard_epoch, term: s.term, learners }
-                })
-                .collect(),
+            ring: ring.iter().map(|(token, node)| pb::RingToken { token: *token, node_id: *node }).collect(),
+            shards,
+            metadata: info.metadata,
         }
+    }
+}
+
+/// The wire form of a node's state.
+pub fn node_state(status: tocsin_core::cluster::NodeStatus) -> pb::node_info::State {
+    use tocsin_core::cluster::NodeStatus;
+    match status {
+        NodeStatus::Joining => pb::node_info::State::Joining,
+        NodeStatus::Active => pb::node_info::State::Active,
+        NodeStatus::Draining => pb::node_info::State::Draining,
+        NodeStatus::Removed => pb::node_info::State::Removed,
     }
 }
 

@@ -25,6 +25,11 @@ pub enum ApiError {
     /// No usable leader here; `leader` says where to go if known.
     #[error("{message}")]
     Unavailable { message: String, leader: Option<pb::LeaderHint>, retry_after_ms: u64 },
+    /// The request was routed by a cluster map older than the shard's last
+    /// placement change; `map_epoch` is this node's. ABORTED on the wire:
+    /// refresh the map, then retry.
+    #[error("{message}")]
+    StaleMap { message: String, map_epoch: u64 },
     #[error("{0}")]
     Internal(String),
 }
@@ -97,6 +102,7 @@ impl ApiError {
             ApiError::FailedPrecondition(_) => tonic::Code::FailedPrecondition,
             ApiError::ResourceExhausted { .. } => tonic::Code::ResourceExhausted,
             ApiError::Unavailable { .. } => tonic::Code::Unavailable,
+            ApiError::StaleMap { .. } => tonic::Code::Aborted,
             ApiError::Internal(_) => tonic::Code::Internal,
         }
     }
@@ -114,6 +120,7 @@ impl ApiError {
                 info.leader = leader.clone();
                 info.retry_after_ms = *retry_after_ms;
             }
+            ApiError::StaleMap { map_epoch, .. } => info.map_epoch = *map_epoch,
             _ => {}
         }
         info
@@ -127,6 +134,35 @@ impl From<ApiError> for tonic::Status {
     }
 }
 
+impl ApiError {
+    /// The error another node answered with, as this node passes it on.
+    pub fn from_status(status: &tonic::Status) -> ApiError {
+        ApiError::from_info(status.code(), info_of(status))
+    }
+
+    /// The error an `ErrorInfo` with `code` describes.
+    pub fn from_info(code: tonic::Code, info: pb::ErrorInfo) -> ApiError {
+        let message = info.message;
+        match code {
+            tonic::Code::InvalidArgument => ApiError::InvalidArgument {
+                field: info.field.clone(),
+                message: message.strip_prefix(&format!("{}: ", info.field)).unwrap_or(&message).to_string(),
+            },
+            tonic::Code::NotFound => ApiError::NotFound(message),
+            tonic::Code::AlreadyExists => ApiError::AlreadyExists(message),
+            tonic::Code::FailedPrecondition => ApiError::FailedPrecondition(message),
+            tonic::Code::ResourceExhausted => {
+                ApiError::ResourceExhausted { message, retry_after_ms: info.retry_after_ms }
+            }
+            tonic::Code::Aborted => ApiError::StaleMap { message, map_epoch: info.map_epoch },
+            tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
+                ApiError::Unavailable { message, leader: info.leader, retry_after_ms: info.retry_after_ms }
+            }
+            _ => ApiError::Internal(message),
+        }
+    }
+}
+
 /// The `ErrorInfo` in a status's details, or one made from its code and
 /// message.
 pub fn info_of(status: &tonic::Status) -> pb::ErrorInfo {
@@ -135,6 +171,31 @@ pub fn info_of(status: &tonic::Status) -> pb::ErrorInfo {
         message: status.message().to_string(),
         ..Default::default()
     })
+}
+
+/// The code an `ErrorInfo.code` names (INTERNAL for a name it does not
+/// know).
+pub fn code_from_name(name: &str) -> tonic::Code {
+    const ALL: [tonic::Code; 17] = [
+        tonic::Code::Ok,
+        tonic::Code::Cancelled,
+        tonic::Code::Unknown,
+        tonic::Code::InvalidArgument,
+        tonic::Code::DeadlineExceeded,
+        tonic::Code::NotFound,
+        tonic::Code::AlreadyExists,
+        tonic::Code::PermissionDenied,
+        tonic::Code::ResourceExhausted,
+        tonic::Code::FailedPrecondition,
+        tonic::Code::Aborted,
+        tonic::Code::OutOfRange,
+        tonic::Code::Unimplemented,
+        tonic::Code::Internal,
+        tonic::Code::Unavailable,
+        tonic::Code::DataLoss,
+        tonic::Code::Unauthenticated,
+    ];
+    ALL.into_iter().find(|c| code_name(*c) == name).unwrap_or(tonic::Code::Internal)
 }
 
 pub fn code_name(code: tonic::Code) -> &'static str {

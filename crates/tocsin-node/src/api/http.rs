@@ -389,7 +389,13 @@ async fn ready(State(s): State<HttpState>) -> Response {
         .filter(|ctx| ctx.raft.metrics().borrow_watched().current_leader.is_none())
         .map(|ctx| ctx.shard)
         .collect();
-    if leaderless.is_empty() {
+    let meta_leaderless = s.node.meta().is_some_and(|m| m.raft.metrics().borrow_watched().current_leader.is_none());
+    let no_map = s.node.meta().is_some() && !s.node.map.get().is_bootstrapped();
+    if leaderless.is_empty() && meta_leaderless {
+        (StatusCode::SERVICE_UNAVAILABLE, "the metadata group has no leader\n").into_response()
+    } else if leaderless.is_empty() && no_map {
+        (StatusCode::SERVICE_UNAVAILABLE, "the cluster map is not bootstrapped yet\n").into_response()
+    } else if leaderless.is_empty() {
         (StatusCode::OK, "ready\n").into_response()
     } else {
         (StatusCode::SERVICE_UNAVAILABLE, format!("shards without a leader: {leaderless:?}\n")).into_response()

@@ -5,7 +5,10 @@
 //! disk limits), routed to its shard, and executed there: writes as commands
 //! through the shard's proposer, reads against the leader's applied state
 //! after a lease check. A request for a shard this node does not lead is
-//! forwarded to the leader in one hop when the leader is known.
+//! forwarded to the leader in one hop when the leader is known. A request
+//! that carries the cluster map epoch it was routed by (the shard-aware
+//! client's `x-tocsin-map-epoch`) is refused with ABORTED when its shard's
+//! replicas changed after that epoch: the client refreshes its map.
 
 use std::collections::BTreeMap;
 use std::collections::HashMap;
@@ -196,6 +199,12 @@ impl TimerApi {
         call(client, self.node.forwarder.request(req, shard)).await.map(Response::into_inner)
     }
 
+    /// Refuses a request for the key's shard routed by a stale map.
+    fn check_key_route(&self, namespace: &str, id: &str, map_epoch: u64) -> Result<(), Status> {
+        let shard = tocsin_core::routing::shard_for(namespace, id, self.node.config.num_shards);
+        self.node.check_route(shard, map_epoch).map_err(Status::from)
+    }
+
     /// Runs `local`; if it says another node leads the shard, and this
     /// request was not forwarded already, runs `remote` there instead.
     async fn here_or_leader<Req, Resp, L, LF, R, RF>(
@@ -293,6 +302,7 @@ impl TimerApi {
     async fn create_batch(
         &self,
         timers: Vec<pb::CreateTimerRequest>,
+        map_epoch: u64,
     ) -> Result<Vec<Result<pb::CreateTimerResponse, ApiError>>, ApiError> {
         if timers.is_empty() {
             return Err(ApiError::invalid("timers", "give at least one timer"));
@@ -332,7 +342,7 @@ impl TimerApi {
             }
         }
         let futures = by_shard.into_iter().map(|(shard, items)| async move {
-            let ctx = match self.node.shard(shard) {
+            let ctx = match self.node.check_route(shard, map_epoch).and_then(|()| self.node.shard(shard)) {
                 Ok(ctx) => ctx,
                 Err(e) => return items.into_iter().map(|(i, _, _)| (i, Err(e.clone()))).collect::<Vec<_>>(),
             };
@@ -363,13 +373,11 @@ impl pb::timer_service_server::TimerService for TimerApi {
         request: Request<pb::CreateTimerRequest>,
     ) -> Result<Response<pb::CreateTimerResponse>, Status> {
         let forwarded = is_forwarded(&request);
-        self.here_or_leader(
-            forwarded,
-            request.into_inner(),
-            |r| self.create_one(r),
-            |mut c, r| async move { c.create_timer(r).await },
-        )
-        .await
+        let map_epoch = forward::map_epoch(&request);
+        let req = request.into_inner();
+        self.check_key_route(&req.namespace, &req.id, map_epoch)?;
+        self.here_or_leader(forwarded, req, |r| self.create_one(r), |mut c, r| async move { c.create_timer(r).await })
+            .await
     }
 
     async fn create_timers(
@@ -377,8 +385,9 @@ impl pb::timer_service_server::TimerService for TimerApi {
         request: Request<pb::CreateTimersRequest>,
     ) -> Result<Response<pb::CreateTimersResponse>, Status> {
         let forwarded = is_forwarded(&request);
+        let map_epoch = forward::map_epoch(&request);
         let originals = request.into_inner().timers;
-        let mut results = self.create_batch(originals.clone()).await?;
+        let mut results = self.create_batch(originals.clone(), map_epoch).await?;
         // Items whose shard another node leads go there, one sub-batch per leader.
         if !forwarded {
             let mut by_leader: BTreeMap<String, Vec<usize>> = BTreeMap::new();
@@ -405,14 +414,12 @@ impl pb::timer_service_server::TimerService for TimerApi {
                 for (i, r) in positions.into_iter().zip(resp.results) {
                     results[i] = match r.result {
                         Some(pb::create_timer_result::Result::Ok(ok)) => Ok(ok),
-                        Some(pb::create_timer_result::Result::Error(info)) => Err(ApiError::Unavailable {
-                            message: info.message,
-                            leader: info.leader,
-                            retry_after_ms: info.retry_after_ms,
-                        }),
+                        // Keep the leader's own error code.
+                        Some(pb::create_timer_result::Result::Error(info)) => {
+                            Err(ApiError::from_info(crate::api::error::code_from_name(&info.code), info))
+                        }
                         None => continue,
                     };
-                    // Keep the leader's own error code.
                 }
             }
         }
@@ -430,13 +437,10 @@ impl pb::timer_service_server::TimerService for TimerApi {
 
     async fn get_timer(&self, request: Request<pb::GetTimerRequest>) -> Result<Response<pb::GetTimerResponse>, Status> {
         let forwarded = is_forwarded(&request);
-        self.here_or_leader(
-            forwarded,
-            request.into_inner(),
-            |r| self.get(r),
-            |mut c, r| async move { c.get_timer(r).await },
-        )
-        .await
+        let map_epoch = forward::map_epoch(&request);
+        let req = request.into_inner();
+        self.check_key_route(&req.namespace, &req.id, map_epoch)?;
+        self.here_or_leader(forwarded, req, |r| self.get(r), |mut c, r| async move { c.get_timer(r).await }).await
     }
 
     async fn list_timers(
@@ -454,13 +458,10 @@ impl pb::timer_service_server::TimerService for TimerApi {
         request: Request<pb::CancelTimerRequest>,
     ) -> Result<Response<pb::CancelTimerResponse>, Status> {
         let forwarded = is_forwarded(&request);
-        self.here_or_leader(
-            forwarded,
-            request.into_inner(),
-            |r| self.cancel(r),
-            |mut c, r| async move { c.cancel_timer(r).await },
-        )
-        .await
+        let map_epoch = forward::map_epoch(&request);
+        let req = request.into_inner();
+        self.check_key_route(&req.namespace, &req.id, map_epoch)?;
+        self.here_or_leader(forwarded, req, |r| self.cancel(r), |mut c, r| async move { c.cancel_timer(r).await }).await
     }
 
     async fn reschedule_timer(
@@ -468,9 +469,12 @@ impl pb::timer_service_server::TimerService for TimerApi {
         request: Request<pb::RescheduleTimerRequest>,
     ) -> Result<Response<pb::RescheduleTimerResponse>, Status> {
         let forwarded = is_forwarded(&request);
+        let map_epoch = forward::map_epoch(&request);
+        let req = request.into_inner();
+        self.check_key_route(&req.namespace, &req.id, map_epoch)?;
         self.here_or_leader(
             forwarded,
-            request.into_inner(),
+            req,
             |r| self.reschedule(r),
             |mut c, r| async move { c.reschedule_timer(r).await },
         )
@@ -544,20 +548,22 @@ impl pb::timer_service_server::TimerService for TimerApi {
 
     async fn ack(&self, request: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
         let forwarded = is_forwarded(&request);
+        let map_epoch = forward::map_epoch(&request);
         let refs = request.into_inner().deliveries;
-        let results = self.settle(refs, None, forwarded).await?;
+        let results = self.settle(refs, None, forwarded, map_epoch).await?;
         Ok(Response::new(pb::AckResponse { results }))
     }
 
     async fn nack(&self, request: Request<pb::NackRequest>) -> Result<Response<pb::NackResponse>, Status> {
         let forwarded = is_forwarded(&request);
+        let map_epoch = forward::map_epoch(&request);
         let req = request.into_inner();
         let reason = if req.reason.is_empty() {
             "nacked by consumer".to_string()
         } else {
             req.reason.chars().take(200).collect()
         };
-        let results = self.settle(req.deliveries, Some((req.delay_ms, reason)), forwarded).await?;
+        let results = self.settle(req.deliveries, Some((req.delay_ms, reason)), forwarded, map_epoch).await?;
         Ok(Response::new(pb::NackResponse { results }))
     }
 
@@ -750,6 +756,7 @@ impl TimerApi {
         refs: Vec<pb::DeliveryRef>,
         nack: Option<(u64, String)>,
         forwarded: bool,
+        map_epoch: u64,
     ) -> Result<Vec<pb::AckResult>, Status> {
         if refs.len() > 10_000 {
             return Err(ApiError::invalid("deliveries", "at most 10000 per call").into());
@@ -773,6 +780,7 @@ impl TimerApi {
         let per_shard = by_shard.into_iter().map(|(shard, items)| {
             let nack = nack.clone();
             async move {
+                self.node.check_route(shard, map_epoch)?;
                 let ctx = self.node.shard(shard)?;
                 if ctx.epoch().is_none() {
                     // Another node leads the shard: its hub holds the reservations.

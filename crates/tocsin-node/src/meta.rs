@@ -1,0 +1,524 @@
+//! The metadata Raft group on this node, and the cluster map it
+//! replicates (`tocsin_core::cluster`).
+//!
+//! - Every node caches the newest map it knows ([`MapCache`]). Each
+//!   reconcile round refreshes it: from this node's own metadata replica if
+//!   it hosts one, else from the metadata voters; a request carrying a newer
+//!   epoch than the cache triggers a refresh at once.
+//! - [`propose`] sends a cluster command to the metadata leader: applied
+//!   here if this node leads the group, forwarded over
+//!   `ReplicaControl.ProposeCluster` otherwise.
+//! - [`read_latest`] reads the map linearizably at the metadata leader:
+//!   what cluster operations plan from, and what a shard leader acts on
+//!   before it moves replicas, so no node ever moves a shard by a stale map.
+//! - [`drive`] is the metadata leader's part of every reconcile round:
+//!   bootstrap the map of a new cluster, keep the group's own voters as
+//!   `tocsin_core::cluster::metadata_voters` says, and finish node
+//!   transitions (joining → active once every replica the map gives the
+//!   node is in place; draining → removed once it holds nothing), so an
+//!   operation interrupted half-way is completed without its operator.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::RwLock;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use openraft::async_runtime::WatchReceiver as _;
+use tocsin_core::Command;
+use tocsin_core::CommandResult;
+use tocsin_core::Proposal;
+use tocsin_core::cluster::ClusterCommand;
+use tocsin_core::cluster::ClusterMap;
+use tocsin_core::cluster::ClusterOutcome;
+use tocsin_core::cluster::MapChange;
+use tocsin_core::cluster::NewNode;
+use tocsin_core::cluster::NodeStatus;
+use tocsin_proto::v1 as pb;
+use tocsin_proto::v1::replica_control_client::ReplicaControlClient;
+use tocsin_store::NodeAddr;
+use tocsin_store::Raft;
+
+use crate::api::error::ApiError;
+use crate::node::NodeState;
+use crate::view::ClusterView;
+
+/// How long a cluster command or a linearizable map read keeps trying to
+/// reach the metadata leader (an election takes well under this).
+const META_DEADLINE: Duration = Duration::from_secs(10);
+/// Deadline of one metadata RPC.
+const META_RPC_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The metadata group as hosted on this node.
+pub struct MetaCtx {
+    pub node_id: u64,
+    pub raft: Raft,
+    /// Held while this node changes the group's voters.
+    pub membership_change: tokio::sync::Mutex<()>,
+    /// Whether a voter change started by [`drive`] is still running.
+    changing: AtomicBool,
+}
+
+impl MetaCtx {
+    pub fn new(node_id: u64, raft: Raft) -> MetaCtx {
+        MetaCtx { node_id, raft, membership_change: tokio::sync::Mutex::new(()), changing: AtomicBool::new(false) }
+    }
+
+    /// Whether this node leads the metadata group by openraft's account.
+    pub fn is_leader(&self) -> bool {
+        let m = self.raft.metrics().borrow_watched().clone();
+        m.state == openraft::ServerState::Leader && m.current_leader == Some(self.node_id)
+    }
+
+    /// The group's voters, leader and addresses, from this replica.
+    pub fn status(&self) -> pb::MetadataStatus {
+        let m = self.raft.metrics().borrow_watched().clone();
+        let membership = m.membership_config.membership();
+        pb::MetadataStatus {
+            voters: membership.voter_ids().collect(),
+            leader: m.current_leader.unwrap_or(0),
+            term: m.current_term,
+            hosted: true,
+            committed_index: m.local_committed.map_or(0, |l| l.index),
+            applied_index: m.last_applied.map_or(0, |l| l.index),
+            nodes: membership
+                .nodes()
+                .map(|(id, a)| pb::NodeInfo {
+                    node_id: *id,
+                    grpc_addr: a.grpc_addr.clone(),
+                    http_addr: a.http_addr.clone(),
+                    ..Default::default()
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The newest cluster map this node knows, and where the metadata group is.
+#[derive(Default)]
+pub struct MapCache {
+    map: RwLock<Arc<ClusterMap>>,
+    /// The metadata group as last learned: for nodes that host no replica.
+    route: RwLock<pb::MetadataStatus>,
+    /// The highest epoch a request or peer has shown this node; above the
+    /// cached one, the next refresh asks the metadata voters.
+    wanted: std::sync::atomic::AtomicU64,
+    /// Wakes the reconcile loop for an early refresh.
+    pub stale: tokio::sync::Notify,
+}
+
+impl MapCache {
+    pub fn get(&self) -> Arc<ClusterMap> {
+        self.map.read().expect("map lock").clone()
+    }
+
+    /// Takes `map` if it is newer than the cached one; epochs never go back.
+    pub fn learn(&self, map: ClusterMap) -> bool {
+        let mut cached = self.map.write().expect("map lock");
+        if map.epoch > cached.epoch {
+            tracing::info!(from = cached.epoch, to = map.epoch, "learned a newer cluster map");
+            metrics::gauge!("tocsin_map_epoch").set(map.epoch as f64);
+            *cached = Arc::new(map);
+            return true;
+        }
+        false
+    }
+
+    /// Someone routed by `epoch`: if that is newer than the cache, refresh
+    /// soon.
+    pub fn saw_epoch(&self, epoch: u64) {
+        if epoch > self.get().epoch && epoch > self.wanted.fetch_max(epoch, Ordering::SeqCst) {
+            self.stale.notify_one();
+        }
+    }
+
+    pub fn route(&self) -> pb::MetadataStatus {
+        self.route.read().expect("route lock").clone()
+    }
+
+    fn learn_route(&self, status: &pb::MetadataStatus) {
+        let mut route = self.route.write().expect("route lock");
+        if status.term >= route.term && !status.voters.is_empty() {
+            *route = status.clone();
+        }
+    }
+}
+
+/// The metadata group's status as this node knows it.
+pub fn status(node: &NodeState) -> pb::MetadataStatus {
+    match node.meta() {
+        Some(ctx) => ctx.status(),
+        None => pb::MetadataStatus { hosted: false, ..node.map.route() },
+    }
+}
+
+/// Where to send metadata calls: the known leader first, then every voter.
+fn candidates(node: &NodeState) -> Vec<(u64, String)> {
+    let status = status(node);
+    let addr_of = |id: u64| {
+        status
+            .nodes
+            .iter()
+            .find(|n| n.node_id == id)
+            .map(|n| n.grpc_addr.clone())
+            .or_else(|| node.map.get().nodes.get(&id).map(|n| n.grpc_addr.clone()))
+    };
+    let mut out: Vec<(u64, String)> = Vec::new();
+    if status.leader != 0
+        && let Some(addr) = addr_of(status.leader)
+    {
+        out.push((status.leader, addr));
+    }
+    for id in &status.voters {
+        if let Some(addr) = addr_of(*id)
+            && !out.iter().any(|(i, _)| i == id)
+        {
+            out.push((*id, addr));
+        }
+    }
+    if out.is_empty() {
+        // Nothing learned yet (a node that just joined): any node will do,
+        // for a non-linearizable read at least.
+        let map = node.map.get();
+        out.extend(
+            map.nodes
+                .iter()
+                .filter(|(id, n)| **id != node.node_id && n.status != NodeStatus::Removed)
+                .map(|(id, n)| (*id, n.grpc_addr.clone())),
+        );
+        out.extend(node.router.known());
+        out.extend(node.peers().into_iter().map(|(id, a)| (id, a.grpc_addr)));
+        out.sort();
+        out.dedup();
+    }
+    out.retain(|(id, a)| *id != node.node_id && !a.is_empty());
+    out
+}
+
+async fn client(node: &NodeState, addr: &str) -> Option<ReplicaControlClient<tonic::transport::Channel>> {
+    Some(ReplicaControlClient::new(node.forwarder.channel(addr)?))
+}
+
+fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    postcard::from_bytes(bytes).map_err(|e| ApiError::Internal(format!("decoding a metadata answer: {e}")))
+}
+
+pub fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
+    postcard::to_allocvec(value).expect("cluster types serialize")
+}
+
+/// Applies `cmd` at this node, which must lead the metadata group.
+async fn propose_here(node: &NodeState, cmd: ClusterCommand) -> Result<(ClusterOutcome, u64), ApiError> {
+    let Some(ctx) = node.meta().filter(|c| c.is_leader()) else {
+        return Err(ApiError::unavailable("this node does not lead the metadata group", 100));
+    };
+    let proposal = Proposal { now_ms: crate::clock::now_ms(), commands: vec![Command::Cluster(cmd)] };
+    let resp = tokio::time::timeout(META_RPC_TIMEOUT, ctx.raft.client_write(proposal))
+        .await
+        .map_err(|_| ApiError::unavailable("the metadata group did not commit in time; the outcome is unknown", 500))?
+        .map_err(|e| ApiError::unavailable(format!("the metadata group refused the write: {e}"), 200))?;
+    let index = resp.log_id.index;
+    match resp.data.results.into_iter().next() {
+        Some(CommandResult::Cluster(outcome)) => {
+            // Applied and durable before client_write returned.
+            if let Ok(map) = node.store.cluster_map() {
+                node.map.learn(map);
+            }
+            Ok((outcome, index))
+        }
+        other => Err(ApiError::Internal(format!("unexpected metadata result {other:?}"))),
+    }
+}
+
+/// The server side of `ProposeCluster`.
+pub async fn serve_propose(node: &NodeState, command: &[u8]) -> Result<pb::ProposeClusterResponse, ApiError> {
+    let cmd: ClusterCommand = decode(command)?;
+    let (outcome, applied_index) = propose_here(node, cmd).await.map_err(|e| with_leader_hint(node, e))?;
+    Ok(pb::ProposeClusterResponse { outcome: encode(&outcome).into(), applied_index })
+}
+
+/// Points an UNAVAILABLE answer at the metadata leader, if known.
+fn with_leader_hint(node: &NodeState, e: ApiError) -> ApiError {
+    match e {
+        ApiError::Unavailable { message, leader: None, retry_after_ms } => {
+            let s = status(node);
+            let leader =
+                s.nodes.iter().find(|n| n.node_id == s.leader && s.leader != node.node_id).map(|n| pb::LeaderHint {
+                    shard: 0,
+                    node_id: n.node_id,
+                    grpc_addr: n.grpc_addr.clone(),
+                    http_addr: n.http_addr.clone(),
+                });
+            ApiError::Unavailable { message, leader, retry_after_ms }
+        }
+        other => other,
+    }
+}
+
+/// Runs `call` against the metadata leader (here, or the candidates in
+/// turn, following leader hints) until it answers or [`META_DEADLINE`].
+async fn at_leader<T, L, LF, R, RF>(node: &NodeState, local: L, remote: R) -> Result<T, ApiError>
+where
+    L: Fn() -> LF,
+    LF: std::future::Future<Output = Result<T, ApiError>>,
+    R: Fn(ReplicaControlClient<tonic::transport::Channel>) -> RF,
+    RF: std::future::Future<Output = Result<T, tonic::Status>>,
+{
+    let deadline = tokio::time::Instant::now() + META_DEADLINE;
+    let mut last = String::from("no metadata voter is known");
+    loop {
+        if node.meta().is_some_and(|c| c.is_leader()) {
+            match local().await {
+                Ok(v) => return Ok(v),
+                Err(e @ ApiError::Unavailable { .. }) => last = e.to_string(),
+                Err(e) => return Err(e),
+            }
+        } else {
+            let mut hint: Option<String> = None;
+            for (id, addr) in candidates(node) {
+                let Some(c) = client(node, &addr).await else { continue };
+                match tokio::time::timeout(META_RPC_TIMEOUT, remote(c)).await {
+                    Ok(Ok(v)) => return Ok(v),
+                    Ok(Err(status)) if status.code() == tonic::Code::Unavailable => {
+                        let info = crate::api::error::info_of(&status);
+                        hint = info.leader.map(|l| l.grpc_addr).filter(|a| !a.is_empty());
+                        last = format!("node {id}: {}", status.message());
+                        if hint.is_some() {
+                            break;
+                        }
+                    }
+                    Ok(Err(status)) => return Err(ApiError::from_status(&status)),
+                    Err(_) => last = format!("node {id} did not answer within {META_RPC_TIMEOUT:?}"),
+                }
+            }
+            if let Some(addr) = hint
+                && let Some(c) = client(node, &addr).await
+                && let Ok(Ok(v)) = tokio::time::timeout(META_RPC_TIMEOUT, remote(c)).await
+            {
+                return Ok(v);
+            }
+        }
+        if tokio::time::Instant::now() > deadline {
+            return Err(ApiError::unavailable(format!("the metadata group has no reachable leader: {last}"), 1000));
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        refresh(node).await;
+    }
+}
+
+/// Proposes `cmd` to the metadata group and returns what it did. The map
+/// it produced is in this node's cache when this returns.
+pub async fn propose(node: &NodeState, cmd: ClusterCommand) -> Result<ClusterOutcome, ApiError> {
+    let bytes = encode(&cmd);
+    let (outcome, _) = at_leader(
+        node,
+        || propose_here(node, cmd.clone()),
+        |mut c| {
+            let bytes = bytes.clone();
+            async move {
+                let resp = c.propose_cluster(pb::ProposeClusterRequest { command: bytes.into() }).await?.into_inner();
+                let outcome: ClusterOutcome = postcard::from_bytes(&resp.outcome)
+                    .map_err(|e| tonic::Status::internal(format!("decoding the outcome: {e}")))?;
+                Ok((outcome, resp.applied_index))
+            }
+        },
+    )
+    .await?;
+    if !matches!(outcome, ClusterOutcome::Unchanged { .. }) {
+        let _ = read_latest(node).await;
+    }
+    Ok(outcome)
+}
+
+/// The map as of a linearizable read at this node, which must lead.
+async fn read_here(node: &NodeState) -> Result<(ClusterMap, pb::MetadataStatus), ApiError> {
+    let Some(ctx) = node.meta().filter(|c| c.is_leader()) else {
+        return Err(ApiError::unavailable("this node does not lead the metadata group", 100));
+    };
+    tokio::time::timeout(META_RPC_TIMEOUT, ctx.raft.ensure_linearizable(openraft::ReadPolicy::ReadIndex))
+        .await
+        .map_err(|_| ApiError::unavailable("the metadata leader could not confirm its leadership in time", 300))?
+        .map_err(|e| {
+            ApiError::unavailable(format!("the metadata leader could not confirm its leadership: {e}"), 300)
+        })?;
+    let store = node.store.clone();
+    let map = tokio::task::spawn_blocking(move || store.cluster_map())
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .map_err(|e| ApiError::Internal(format!("reading the cluster map: {e}")))?;
+    Ok((map, ctx.status()))
+}
+
+/// The server side of `ReadClusterMap`.
+pub async fn serve_read(node: &NodeState, linearizable: bool) -> Result<pb::ReadClusterMapResponse, ApiError> {
+    let (map, metadata) = if linearizable {
+        read_here(node).await.map_err(|e| with_leader_hint(node, e))?
+    } else {
+        let local = node.meta().and_then(|_| node.store.cluster_map().ok());
+        if let Some(map) = local {
+            node.map.learn(map);
+        }
+        ((*node.map.get()).clone(), status(node))
+    };
+    Ok(pb::ReadClusterMapResponse { map: encode(&map).into(), metadata: Some(metadata) })
+}
+
+/// The cluster map as it is now: every change committed before this call
+/// is in it. Learned into the cache as well.
+pub async fn read_latest(node: &NodeState) -> Result<ClusterMap, ApiError> {
+    let (map, metadata) = at_leader(
+        node,
+        || read_here(node),
+        |mut c| async move {
+            let resp = c.read_cluster_map(pb::ReadClusterMapRequest { linearizable: true }).await?.into_inner();
+            let map: ClusterMap = postcard::from_bytes(&resp.map)
+                .map_err(|e| tonic::Status::internal(format!("decoding the map: {e}")))?;
+            Ok((map, resp.metadata.unwrap_or_default()))
+        },
+    )
+    .await?;
+    node.map.learn_route(&metadata);
+    node.map.learn(map.clone());
+    Ok(map)
+}
+
+/// Refreshes the cache: from this node's metadata replica if it hosts one
+/// (which also tells where the leader is), and from the metadata voters
+/// (non-linearizable: whatever they have applied) when it does not, or
+/// when asked for a newer epoch than the local replica has.
+pub async fn refresh(node: &NodeState) {
+    if let Some(ctx) = node.meta() {
+        node.map.learn_route(&ctx.status());
+        if let Ok(map) = node.store.cluster_map() {
+            node.map.learn(map);
+        }
+        let wanted = node.map.wanted.load(Ordering::SeqCst);
+        if ctx.raft.metrics().borrow_watched().current_leader.is_some() && node.map.get().epoch >= wanted {
+            return;
+        }
+    }
+    let asks = candidates(node).into_iter().map(|(_, addr)| async move {
+        let mut c = client(node, &addr).await?;
+        let call = c.read_cluster_map(pb::ReadClusterMapRequest { linearizable: false });
+        let resp = tokio::time::timeout(META_RPC_TIMEOUT, call).await.ok()?.ok()?.into_inner();
+        let map: ClusterMap = postcard::from_bytes(&resp.map).ok()?;
+        Some((map, resp.metadata.unwrap_or_default()))
+    });
+    for (map, metadata) in futures::future::join_all(asks).await.into_iter().flatten() {
+        if metadata.hosted {
+            node.map.learn_route(&metadata);
+        }
+        node.map.learn(map);
+    }
+}
+
+/// The metadata voters the first start of a new cluster gives the group:
+/// the lowest ids among the initial members.
+pub fn initial_voters(members: &[(u64, String, String)]) -> Vec<u64> {
+    let mut ids: Vec<u64> = members.iter().map(|m| m.0).collect();
+    ids.sort_unstable();
+    ids.truncate(tocsin_core::cluster::metadata_voter_count(ids.len()));
+    ids
+}
+
+/// The metadata leader's round (see the module doc). `view` is the
+/// cluster as the reachable nodes report it.
+pub async fn drive(node: &Arc<NodeState>, view: &ClusterView) {
+    let Some(ctx) = node.meta().filter(|c| c.is_leader()) else { return };
+    let map = match node.store.cluster_map() {
+        Ok(map) => map,
+        Err(e) => {
+            tracing::warn!(error = %e, "reading the cluster map");
+            return;
+        }
+    };
+    if !map.is_bootstrapped() {
+        bootstrap(node).await;
+        return;
+    }
+    node.map.learn(map.clone());
+
+    // The group's own voters.
+    let m = ctx.raft.metrics().borrow_watched().clone();
+    let current: Vec<u64> = m.membership_config.membership().voter_ids().collect();
+    let joint = m.membership_config.membership().get_joint_config().len() > 1;
+    let want = tocsin_core::cluster::metadata_voters(&map, &current);
+    if (want != current || joint) && !ctx.changing.swap(true, Ordering::SeqCst) {
+        let target: BTreeMap<u64, NodeAddr> = want
+            .iter()
+            .filter_map(|id| {
+                let n = map.nodes.get(id)?;
+                Some((*id, NodeAddr { grpc_addr: n.grpc_addr.clone(), http_addr: n.http_addr.clone() }))
+            })
+            .collect();
+        let (node, ctx, from) = (node.clone(), ctx.clone(), current.clone());
+        tokio::spawn(async move {
+            tracing::info!(?from, to = ?want, "changing the metadata group's voters");
+            let group = crate::replicas::Group::Meta(ctx.clone());
+            match crate::replicas::set_voters(&node, &group, target).await {
+                Ok(_) => {}
+                // Left out, this leader handed the group to a new voter.
+                Err(e @ ApiError::Unavailable { .. }) => tracing::info!(error = %e, "metadata voters: not the leader"),
+                Err(e) => tracing::warn!(error = %e, "changing the metadata group's voters"),
+            }
+            ctx.changing.store(false, Ordering::SeqCst);
+        });
+    }
+
+    // Node transitions an interrupted operation left behind.
+    let meta_voters: Vec<u64> = current;
+    let mut status = Vec::new();
+    for id in map.with_status(NodeStatus::Joining) {
+        let placed = map.shards_on(id).iter().all(|s| view.in_place(*s, map.replicas(*s)));
+        if placed {
+            status.push((id, NodeStatus::Active));
+        }
+    }
+    for id in map.with_status(NodeStatus::Draining) {
+        let covered = view.shards.iter().all(|s| !s.voters.is_empty());
+        let holds = view.shards.iter().any(|s| s.voters.contains(&id) || s.learners.contains(&id));
+        if covered && !holds && !meta_voters.contains(&id) {
+            status.push((id, NodeStatus::Removed));
+        }
+    }
+    if !status.is_empty() {
+        tracing::info!(?status, "finishing node transitions");
+        let change = MapChange { expected_epoch: map.epoch, status, ..Default::default() };
+        match propose_here(node, ClusterCommand::Change(change)).await {
+            Ok((ClusterOutcome::Refused { error, .. }, _)) => tracing::info!(%error, "node transition not applied"),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "finishing node transitions"),
+        }
+    }
+}
+
+/// Proposes the first map of a new cluster, from this node's config.
+async fn bootstrap(node: &NodeState) {
+    let members = match node.config.initial_members() {
+        Ok(m) => m,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot bootstrap the cluster map");
+            return;
+        }
+    };
+    let nodes = members
+        .into_iter()
+        .map(|(id, grpc_addr, http_addr)| {
+            if id == node.node_id {
+                NewNode { id, grpc_addr: node.self_addr.grpc_addr.clone(), http_addr: node.self_addr.http_addr.clone() }
+            } else {
+                NewNode { id, grpc_addr, http_addr }
+            }
+        })
+        .collect();
+    let cmd = ClusterCommand::Bootstrap {
+        num_shards: node.config.num_shards,
+        replication_factor: node.config.replication_factor as u32,
+        nodes,
+    };
+    match propose_here(node, cmd).await {
+        Ok((outcome, index)) => tracing::info!(?outcome, index, "bootstrapped the cluster map"),
+        Err(e) => tracing::warn!(error = %e, "bootstrapping the cluster map"),
+    }
+}
