@@ -7,6 +7,11 @@
 //! the leader" it follows the hint; on `UNAVAILABLE`, a transport error or a
 //! timeout it refreshes the map and retries with bounded, jittered backoff.
 //!
+//! Every routed request carries the cluster map epoch it was routed by
+//! (`x-tocsin-map-epoch`). A node refuses a request whose shard's replicas
+//! changed after that epoch with `ABORTED` and its own epoch; the client then
+//! refreshes its map (once, however many requests were refused) and retries.
+//!
 //! Retrying is safe because the API is idempotent by design: a create is
 //! keyed by the client's id (a repeat with the same spec returns the existing
 //! timer), and a cancel answers definitely whether it ran now or earlier.
@@ -120,8 +125,9 @@ struct Route {
     leaders: Vec<u64>,
     /// shard → the Raft term the leader was learned in.
     terms: Vec<u64>,
-    /// node id → gRPC address.
+    /// node id → gRPC address, for nodes not removed.
     addrs: BTreeMap<u64, String>,
+    /// The cluster map epoch of the newest map installed.
     epoch: u64,
 }
 
@@ -139,6 +145,9 @@ struct Inner {
     /// Nodes that just failed to answer, until when they are avoided: a
     /// frozen or partitioned node costs one timeout, not one per request.
     suspects: Mutex<HashMap<String, Instant>>,
+    /// Held while the map is refreshed after a stale-map refusal, so many
+    /// refused requests cause one refresh.
+    refreshing: tokio::sync::Mutex<()>,
 }
 
 /// How long a node that failed to answer is avoided.
@@ -148,7 +157,9 @@ const SUSPECT_FOR: Duration = Duration::from_secs(3);
 /// others (their maps may know newer leaders).
 const REFRESH_GRACE: Duration = Duration::from_millis(30);
 
-/// A create request for a webhook timer firing after `delay_ms`.
+/// The request header carrying the map epoch a request was routed by.
+pub const MAP_EPOCH_HEADER: &str = "x-tocsin-map-epoch";
+
 /// A long-running cluster operation, run by [`Client::admin_op`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum AdminOp {
@@ -166,6 +177,7 @@ pub enum AdminOp {
     Rebalance { dry_run: bool },
 }
 
+/// A create request for a webhook timer firing after `delay_ms`.
 pub fn webhook_timer(namespace: &str, id: &str, delay_ms: u64, url: &str) -> pb::CreateTimerRequest {
     pb::CreateTimerRequest {
         namespace: namespace.into(),
@@ -209,6 +221,7 @@ impl Client {
                 route: RwLock::new(None),
                 channels: Mutex::new(HashMap::new()),
                 suspects: Mutex::new(HashMap::new()),
+                refreshing: tokio::sync::Mutex::new(()),
             }),
         };
         client.refresh().await?;
@@ -283,6 +296,27 @@ impl Client {
         best.ok_or(ClientError::Unreachable(last))
     }
 
+    /// Refreshes the map unless one at least as new as `epoch` is already
+    /// installed (another request's refresh got there first).
+    async fn refresh_to(&self, epoch: u64) {
+        let _one = self.inner.refreshing.lock().await;
+        if self.map_epoch() >= epoch {
+            return;
+        }
+        let _ = self.refresh().await;
+    }
+
+    /// `message` as a request routed by the current map: it carries the
+    /// map's epoch.
+    fn routed<T>(&self, message: T) -> tonic::Request<T> {
+        let mut request = tonic::Request::new(message);
+        let epoch = self.map_epoch();
+        if epoch > 0 {
+            request.metadata_mut().insert(MAP_EPOCH_HEADER, epoch.into());
+        }
+        request
+    }
+
     /// Avoids `addr` for a while after it failed to answer.
     fn suspect(&self, addr: &str) {
         self.inner.suspects.lock().expect("suspects lock").insert(addr.to_string(), Instant::now() + SUSPECT_FOR);
@@ -302,7 +336,9 @@ impl Client {
 
     /// Installs a freshly loaded map. Per shard, a leader learned in a lower
     /// term than the one cached is ignored: a node cut off from its peers
-    /// may still answer with an old view.
+    /// may still answer with an old view. The node list comes from the
+    /// newest cluster map seen (a node that lags may still list a removed
+    /// node as active), and the epoch never goes back.
     fn install(&self, map: &pb::ShardMap) {
         let n = map.num_shards as usize;
         let mut route = self.inner.route.write().expect("route lock");
@@ -312,13 +348,28 @@ impl Client {
         };
         for s in &map.shards {
             let i = s.shard as usize;
-            if i < n && (s.term >= terms[i] || leaders[i] == 0) {
+            if i < n && s.leader != 0 && (s.term >= terms[i] || leaders[i] == 0) {
                 leaders[i] = s.leader;
                 terms[i] = terms[i].max(s.term);
             }
         }
-        let addrs = map.nodes.iter().map(|n| (n.node_id, n.grpc_addr.clone())).collect();
-        *route = Some(Route { num_shards: map.num_shards, leaders, terms, addrs, epoch: map.epoch });
+        let removed = pb::node_info::State::Removed as i32;
+        let listed: BTreeMap<u64, String> =
+            map.nodes.iter().filter(|n| n.state != removed).map(|n| (n.node_id, n.grpc_addr.clone())).collect();
+        let (addrs, epoch) = match route.as_ref() {
+            Some(r) if r.epoch > map.epoch => {
+                let mut addrs = r.addrs.clone();
+                for (id, addr) in listed {
+                    let gone = map.nodes.iter().any(|n| n.node_id == id && n.state == removed);
+                    if !gone {
+                        addrs.entry(id).or_insert(addr);
+                    }
+                }
+                (addrs, r.epoch)
+            }
+            _ => (listed, map.epoch),
+        };
+        *route = Some(Route { num_shards: map.num_shards, leaders, terms, addrs, epoch });
     }
 
     /// Forgets the cached leader of `shard` after it failed to answer, so
@@ -424,6 +475,19 @@ impl Client {
                     if !err.retryable() {
                         return Err(err);
                     }
+                    // Routed by a stale map: refresh it and retry at once.
+                    if let ClientError::Status { code: tonic::Code::Aborted, info, .. } = &err
+                        && info.map_epoch > 0
+                    {
+                        self.refresh_to(info.map_epoch).await;
+                        // The nodes asked may not have the new map yet
+                        // either: give them a moment.
+                        if self.map_epoch() < info.map_epoch {
+                            tokio::time::sleep(self.backoff(attempt)).await;
+                        }
+                        last = err;
+                        continue;
+                    }
                     if err.code() == tonic::Code::DeadlineExceeded
                         || (err.code() == tonic::Code::Unavailable
                             && matches!(&err, ClientError::Status { info, .. } if info.leader.is_none()))
@@ -465,7 +529,7 @@ impl Client {
     pub async fn create_timer(&self, req: pb::CreateTimerRequest) -> Result<pb::CreateTimerResponse, ClientError> {
         let shard = self.shard_of(&req.namespace, &req.id);
         self.call(Some(shard), |mut c| {
-            let req = req.clone();
+            let req = self.routed(req.clone());
             async move { c.create_timer(req).await }
         })
         .await
@@ -490,8 +554,8 @@ impl Client {
                 let (positions, timers): (Vec<usize>, Vec<pb::CreateTimerRequest>) = chunk.into_iter().unzip();
                 let result = self
                     .call(Some(shard), |mut c| {
-                        let timers = timers.clone();
-                        async move { c.create_timers(pb::CreateTimersRequest { timers }).await }
+                        let req = self.routed(pb::CreateTimersRequest { timers: timers.clone() });
+                        async move { c.create_timers(req).await }
                     })
                     .await;
                 (positions, result)
@@ -540,7 +604,7 @@ impl Client {
         let req = pb::GetTimerRequest { namespace: namespace.into(), id: id.into() };
         let resp = self
             .call(Some(shard), |mut c| {
-                let req = req.clone();
+                let req = self.routed(req.clone());
                 async move { c.get_timer(req).await }
             })
             .await?;
@@ -552,7 +616,7 @@ impl Client {
         let shard = self.shard_of(namespace, id);
         let req = pb::CancelTimerRequest { namespace: namespace.into(), id: id.into() };
         self.call(Some(shard), |mut c| {
-            let req = req.clone();
+            let req = self.routed(req.clone());
             async move { c.cancel_timer(req).await }
         })
         .await
@@ -562,7 +626,7 @@ impl Client {
         let shard = self.shard_of(&req.namespace, &req.id);
         let resp = self
             .call(Some(shard), |mut c| {
-                let req = req.clone();
+                let req = self.routed(req.clone());
                 async move { c.reschedule_timer(req).await }
             })
             .await?;
@@ -665,19 +729,19 @@ impl Client {
             let results = match &nack {
                 None => {
                     self.call(Some(shard), |mut c| {
-                        let deliveries = deliveries.clone();
-                        async move { c.ack(pb::AckRequest { deliveries }).await }
+                        let req = self.routed(pb::AckRequest { deliveries: deliveries.clone() });
+                        async move { c.ack(req).await }
                     })
                     .await?
                     .results
                 }
                 Some((delay_ms, reason)) => {
                     self.call(Some(shard), |mut c| {
-                        let req = pb::NackRequest {
+                        let req = self.routed(pb::NackRequest {
                             deliveries: deliveries.clone(),
                             delay_ms: *delay_ms,
                             reason: reason.clone(),
-                        };
+                        });
                         async move { c.nack(req).await }
                     })
                     .await?
@@ -773,19 +837,28 @@ impl Client {
     }
 }
 
-/// Folds one node's shard map into `into`. A node reports only the shards
-/// it hosts, so the whole map is the union: per shard, the voters of the
-/// newest membership (`shard_epoch`, the membership's log index) and the
-/// leader learned in the highest term; nodes are united.
+/// Folds one node's shard map into `into`. A node knows the committed
+/// membership and leader only of the shards it hosts, so those are merged
+/// per shard: the voters of the newest membership (`membership_index`) and
+/// the leader learned in the highest term. What the cluster map says (the
+/// node list with states, targets, shard epochs, the metadata group) comes
+/// from the answer with the highest map epoch.
 pub fn merge_map(into: &mut Option<pb::ShardMap>, map: pb::ShardMap) {
     let Some(m) = into.as_mut() else {
         *into = Some(map);
         return;
     };
-    m.epoch = m.epoch.max(map.epoch);
+    let newer = map.epoch > m.epoch;
+    if newer {
+        m.epoch = map.epoch;
+        m.ring = map.ring.clone();
+        m.metadata = map.metadata.clone();
+    }
     for n in map.nodes {
-        if !m.nodes.iter().any(|x| x.node_id == n.node_id) {
-            m.nodes.push(n);
+        match m.nodes.iter_mut().find(|x| x.node_id == n.node_id) {
+            Some(x) if newer => *x = n,
+            Some(_) => {}
+            None => m.nodes.push(n),
         }
     }
     m.nodes.sort_by_key(|n| n.node_id);
@@ -793,15 +866,21 @@ pub fn merge_map(into: &mut Option<pb::ShardMap>, map: pb::ShardMap) {
         match m.shards.iter_mut().find(|x| x.shard == p.shard) {
             None => m.shards.push(p),
             Some(x) => {
-                if p.shard_epoch > x.shard_epoch {
+                if !p.replicas.is_empty() && (p.membership_index > x.membership_index || x.replicas.is_empty()) {
                     x.replicas = p.replicas.clone();
                     x.learners = p.learners.clone();
+                    x.membership_index = p.membership_index;
+                }
+                if newer {
+                    x.target = p.target.clone();
                     x.shard_epoch = p.shard_epoch;
                 }
                 if p.leader != 0 && (p.term > x.term || x.leader == 0) {
                     x.leader = p.leader;
                     x.term = p.term;
+                    x.move_error = p.move_error.clone();
                 }
+                x.snapshot_bytes_sent += p.snapshot_bytes_sent;
             }
         }
     }
@@ -817,6 +896,7 @@ fn code_from_name(name: &str) -> tonic::Code {
         "RESOURCE_EXHAUSTED" => tonic::Code::ResourceExhausted,
         "UNAVAILABLE" => tonic::Code::Unavailable,
         "DEADLINE_EXCEEDED" => tonic::Code::DeadlineExceeded,
+        "ABORTED" => tonic::Code::Aborted,
         _ => tonic::Code::Internal,
     }
 }
@@ -827,13 +907,13 @@ mod tests {
 
     #[test]
     fn merged_maps_take_the_newest_voters_and_the_highest_term_leader() {
-        let placement = |shard, replicas: &[u64], leader, shard_epoch, term| pb::ShardPlacement {
+        let placement = |shard, replicas: &[u64], leader, membership_index, term| pb::ShardPlacement {
             shard,
             replicas: replicas.to_vec(),
             leader,
-            shard_epoch,
+            membership_index,
             term,
-            learners: Vec::new(),
+            ..Default::default()
         };
         let node = |id| pb::NodeInfo { node_id: id, ..Default::default() };
         let mut merged = None;
