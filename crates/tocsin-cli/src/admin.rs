@@ -139,6 +139,14 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<ExitCode> {
             Err(status) => {
                 bar.abandon();
                 eprintln!("error: {}", status.message());
+                // The node's own refusals carry an ErrorInfo; a broken
+                // stream does not.
+                if status.details().is_empty() {
+                    eprintln!(
+                        "the node running the operation went away; what the cluster map already says is \
+                         finished by the cluster anyway. Run the command again to follow it"
+                    );
+                }
                 return Ok(ExitCode::FAILURE);
             }
         };
@@ -167,18 +175,33 @@ async fn shard_list(addrs: Vec<String>, json: bool) -> anyhow::Result<ExitCode> 
         let shards: Vec<serde_json::Value> = map
             .shards
             .iter()
-            .map(|s| serde_json::json!({"shard": s.shard, "voters": s.replicas, "leader": s.leader, "term": s.term}))
+            .map(|s| {
+                serde_json::json!({
+                    "shard": s.shard, "voters": s.replicas, "target": s.target, "shard_epoch": s.shard_epoch,
+                    "leader": s.leader, "term": s.term,
+                })
+            })
             .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({"num_shards": map.num_shards, "shards": shards}))?
-        );
+        let doc = serde_json::json!({"map_epoch": map.epoch, "num_shards": map.num_shards, "shards": shards});
+        println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
-        println!("{:>5} {:>6} {:>6}  voters", "shard", "leader", "term");
+        println!("cluster map epoch {}", map.epoch);
+        println!("{:>5} {:>6} {:>6} {:>6}  {:<10} target", "shard", "leader", "term", "epoch", "voters");
         for s in &map.shards {
-            let voters = s.replicas.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+            let join = |v: &[u64]| v.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
             let leader = if s.leader == 0 { "-".to_string() } else { s.leader.to_string() };
-            println!("{:>5} {:>6} {:>6}  {}", s.shard, leader, s.term, voters);
+            let mut voters = s.replicas.clone();
+            voters.sort_unstable();
+            let target = if voters == s.target { "=".to_string() } else { join(&s.target) };
+            println!(
+                "{:>5} {:>6} {:>6} {:>6}  {:<10} {}",
+                s.shard,
+                leader,
+                s.term,
+                s.shard_epoch,
+                join(&voters),
+                target
+            );
         }
     }
     let leaderless = map.shards.iter().filter(|s| s.leader == 0).count();

@@ -66,6 +66,12 @@ pub async fn run(cmd: ClusterCommand) -> anyhow::Result<ExitCode> {
 async fn whole_cluster(client: &Client, digests: bool) -> anyhow::Result<pb::ClusterInfo> {
     let mut merged = client.cluster_with(digests).await?;
     let map = client.shard_map().await?;
+    // The newest cluster map decides the node list and states.
+    if map.epoch >= merged.map_epoch {
+        merged.map_epoch = map.epoch;
+        merged.nodes = map.nodes.clone();
+        merged.metadata = map.metadata.clone();
+    }
     for n in map.nodes {
         if !merged.nodes.iter().any(|m| m.node_id == n.node_id) {
             merged.nodes.push(n);
@@ -74,9 +80,22 @@ async fn whole_cluster(client: &Client, digests: bool) -> anyhow::Result<pb::Clu
     merged.nodes.sort_by_key(|n| n.node_id);
     // shard -> (status, reported by its leader)
     let mut shards: std::collections::BTreeMap<u32, (pb::ShardStatus, bool)> = std::collections::BTreeMap::new();
-    let answers = futures::future::join_all(merged.nodes.iter().map(|n| node_info(n.grpc_addr.clone(), digests))).await;
+    let removed = pb::node_info::State::Removed as i32;
+    let answers = futures::future::join_all(merged.nodes.iter().map(|n| {
+        let ask = n.state != removed;
+        let addr = n.grpc_addr.clone();
+        async move { if ask { node_info(addr, digests).await } else { None } }
+    }))
+    .await;
     for (node, answer) in merged.nodes.iter_mut().zip(answers) {
         node.reachable = answer.is_some();
+        // A metadata voter's own report is the best one.
+        if let Some(meta) = answer.as_ref().and_then(|a| a.metadata.clone())
+            && meta.hosted
+            && merged.metadata.as_ref().is_none_or(|m| meta.term > m.term || (meta.term == m.term && meta.leader != 0))
+        {
+            merged.metadata = Some(meta);
+        }
         for s in answer.map(|a| a.shards).unwrap_or_default() {
             let by_leader = s.leader == node.node_id;
             let better = match shards.get(&s.shard) {
@@ -102,16 +121,48 @@ async fn node_info(grpc_addr: String, digests: bool) -> Option<pb::ClusterInfo> 
     admin.get_cluster(pb::GetClusterRequest { digests }).await.ok().map(|r| r.into_inner())
 }
 
+/// A node's state as the CLI prints it.
+pub fn state_name(state: i32) -> &'static str {
+    match pb::node_info::State::try_from(state) {
+        Ok(pb::node_info::State::Joining) => "joining",
+        Ok(pb::node_info::State::Active) => "active",
+        Ok(pb::node_info::State::Draining) => "draining",
+        Ok(pb::node_info::State::Removed) => "removed",
+        _ => "-",
+    }
+}
+
+fn ids(v: &[u64]) -> String {
+    v.iter().map(u64::to_string).collect::<Vec<_>>().join(",")
+}
+
 fn print_status(info: &pb::ClusterInfo, digests: bool) {
-    println!("{} shards; map epoch {}; each shard as its leader reports it", info.num_shards, info.map_epoch);
-    println!("{:>6}  {:<5} {:<28} http", "node", "up", "grpc");
+    println!("{} shards; cluster map epoch {}; each shard as its leader reports it", info.num_shards, info.map_epoch);
+    if let Some(m) = &info.metadata {
+        let leader = if m.leader == 0 { "none".to_string() } else { format!("node {}", m.leader) };
+        println!("metadata group: voters {}, leader {leader}, term {}", ids(&m.voters), m.term);
+    }
+    println!("{:>6}  {:<9} {:>6} {:<5} {:<28} http", "node", "state", "since", "up", "grpc");
     for n in &info.nodes {
-        println!("{:>6}  {:<5} {:<28} {}", n.node_id, if n.reachable { "yes" } else { "NO" }, n.grpc_addr, n.http_addr);
+        let up = match (n.reachable, n.state == pb::node_info::State::Removed as i32) {
+            (true, _) => "yes",
+            (false, true) => "-",
+            (false, false) => "NO",
+        };
+        println!(
+            "{:>6}  {:<9} {:>6} {:<5} {:<28} {}",
+            n.node_id,
+            state_name(n.state),
+            n.since_epoch,
+            up,
+            n.grpc_addr,
+            n.http_addr
+        );
     }
     println!();
     print!(
-        "{:>5} {:>6} {:>6} {:>6} {:<10} {:>10} {:>10} {:>9} {:>9} {:>8}  lag",
-        "shard", "leader", "term", "epoch", "voters", "committed", "applied", "pending", "firing", "late99ms"
+        "{:>5} {:>6} {:>6} {:>6} {:<10} {:<12} {:>10} {:>10} {:>9} {:>9} {:>8}  lag",
+        "shard", "leader", "term", "epoch", "voters", "target", "committed", "applied", "pending", "firing", "late99ms"
     );
     println!("{}", if digests { "  digest@index (timers)" } else { "" });
     for s in &info.shards {
@@ -119,13 +170,20 @@ fn print_status(info: &pb::ClusterInfo, digests: bool) {
         let mut lag: Vec<_> = s.lag.iter().map(|(n, l)| format!("{n}:{l}")).collect();
         lag.sort();
         let leader = if s.leader == 0 { "-".to_string() } else { s.leader.to_string() };
+        // "=" when the replicas are where the map says; otherwise the
+        // target they are moving to.
+        let mut sorted = s.replicas.clone();
+        sorted.sort_unstable();
+        let target =
+            if s.target.is_empty() || sorted == s.target { "=".to_string() } else { format!("-> {}", ids(&s.target)) };
         print!(
-            "{:>5} {:>6} {:>6} {:>6} {:<10} {:>10} {:>10} {:>9} {:>9} {:>8}  {}",
+            "{:>5} {:>6} {:>6} {:>6} {:<10} {:<12} {:>10} {:>10} {:>9} {:>9} {:>8}  {}",
             s.shard,
             leader,
             s.term,
             s.epoch,
             voters,
+            target,
             s.committed_index,
             s.applied_index,
             s.pending_timers,
@@ -137,6 +195,9 @@ fn print_status(info: &pb::ClusterInfo, digests: bool) {
             print!("  {:016x}@{} ({})", s.state_digest, s.digest_applied_index, s.timer_count);
         }
         println!();
+        if !s.move_error.is_empty() {
+            println!("      shard {}: last move failed: {}", s.shard, s.move_error);
+        }
     }
 }
 
@@ -145,12 +206,17 @@ fn status_json(info: &pb::ClusterInfo) -> serde_json::Value {
         "node_id": info.node_id,
         "num_shards": info.num_shards,
         "map_epoch": info.map_epoch,
+        "metadata": info.metadata.as_ref().map(|m| serde_json::json!({
+            "voters": m.voters, "leader": m.leader, "term": m.term,
+        })),
         "nodes": info.nodes.iter().map(|n| serde_json::json!({
             "node_id": n.node_id, "grpc_addr": n.grpc_addr, "http_addr": n.http_addr, "reachable": n.reachable,
+            "state": state_name(n.state), "since_epoch": n.since_epoch,
         })).collect::<Vec<_>>(),
         "shards": info.shards.iter().map(|s| serde_json::json!({
             "shard": s.shard, "leader": s.leader, "term": s.term, "epoch": s.epoch,
-            "voters": s.replicas, "learners": s.learners,
+            "voters": s.replicas, "learners": s.learners, "target": s.target, "shard_epoch": s.shard_epoch,
+            "move_error": s.move_error,
             "committed_index": s.committed_index, "applied_index": s.applied_index,
             "pending_timers": s.pending_timers, "firing_timers": s.firing_timers,
             "lateness_ms_p99": s.lateness_ms_p99, "lag": s.lag, "state_digest": s.state_digest, "digest_applied_index": s.digest_applied_index,

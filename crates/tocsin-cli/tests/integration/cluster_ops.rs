@@ -1,8 +1,12 @@
 //! Cluster operations end to end, under a steady stream of webhook timers:
-//! three nodes form a cluster; `tocsin admin node add` brings in a fourth
-//! (started with `--join`); `node remove` drains node 1 and is idempotent;
-//! a removal that would cost a shard its quorum is refused; `node
-//! decommission` replaces a dead node's replicas. Every timer whose create
+//! three nodes form a cluster whose metadata group bootstraps the cluster
+//! map; `tocsin admin node add` brings in a fourth (started with `--join`)
+//! while the metadata leader is killed, and a second run completes it; a
+//! request routed by a stale map is refused; `shard move` puts a replica on
+//! a node that held none of it; `node remove` drains node 1 and is
+//! idempotent, and its id cannot come back; a removal that would cost a
+//! shard its quorum is refused; `node decommission` replaces a dead node's
+//! replicas. Every map change raises the epoch. Every timer whose create
 //! was acknowledged and that was not cancelled is delivered, none early.
 
 use std::collections::BTreeSet;
@@ -42,22 +46,69 @@ fn admin(addr: &str, args: &[&str]) -> (bool, String) {
 }
 
 /// Every shard's voters, from the merged shard map, once every shard has a
-/// leader (waits up to 20 s for that).
+/// leader and its voters are the map's target (waits up to 30 s for that).
 async fn placements(client: &Client) -> Vec<BTreeSet<u64>> {
-    let deadline = now_ms() + 20_000;
+    let deadline = now_ms() + 30_000;
     loop {
-        if let Ok(map) = client.shard_map().await
-            && (map.shards.iter().all(|s| s.leader != 0) || now_ms() > deadline)
-        {
-            let mut out = vec![BTreeSet::new(); map.num_shards as usize];
-            for s in map.shards {
-                out[s.shard as usize] = s.replicas.into_iter().collect();
+        if let Ok(map) = client.shard_map().await {
+            let settled = map.shards.iter().all(|s| {
+                let mut voters = s.replicas.clone();
+                voters.sort_unstable();
+                s.leader != 0 && voters == s.target
+            });
+            if settled || now_ms() > deadline {
+                let mut out = vec![BTreeSet::new(); map.num_shards as usize];
+                for s in map.shards {
+                    out[s.shard as usize] = s.replicas.into_iter().collect();
+                }
+                return out;
             }
-            return out;
         }
         assert!(now_ms() < deadline, "no shard map with a leader for every shard");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// `tocsin admin status --json` from `addr`.
+fn status(addr: &str) -> serde_json::Value {
+    let (ok, out) = admin(addr, &["status", "--json"]);
+    assert!(ok || out.contains("\"shards\""), "status failed:\n{out}");
+    serde_json::from_str(&out[out.find('{').expect("json")..]).expect("status json")
+}
+
+/// The cluster map as the shard-aware client loads it.
+async fn map_of(client: &Client) -> pb::ShardMap {
+    client.shard_map().await.expect("shard map")
+}
+
+/// Node `id`'s state in `map`.
+fn state_of(map: &pb::ShardMap, id: u64) -> Option<pb::node_info::State> {
+    map.nodes.iter().find(|n| n.node_id == id).and_then(|n| pb::node_info::State::try_from(n.state).ok())
+}
+
+/// The metadata group's leader, as any node that answers says.
+async fn metadata_leader(seeds: &[String]) -> u64 {
+    let deadline = now_ms() + 20_000;
+    loop {
+        for seed in seeds {
+            if let Ok(mut c) = pb::admin_service_client::AdminServiceClient::connect(format!("http://{seed}")).await
+                && let Ok(info) = c.get_cluster(pb::GetClusterRequest { digests: false }).await
+                && let Some(m) = info.into_inner().metadata
+                && m.hosted
+                && m.leader != 0
+            {
+                return m.leader;
+            }
+        }
+        assert!(now_ms() < deadline, "the metadata group has no leader");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The snapshot bytes a finished `node add` reports.
+fn bytes_streamed(out: &str) -> u64 {
+    let at = out.rfind(" snapshot bytes streamed").expect("a byte count");
+    out[..at].rsplit(' ').next().unwrap().parse().expect("a number")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -86,6 +137,14 @@ async fn add_drain_remove_and_decommission_under_load() {
     let client = Client::with_options(seeds.clone(), options).await.unwrap();
     let before = placements(&client).await;
     assert!(before.iter().all(|v| *v == BTreeSet::from([1, 2, 3])), "{before:?}");
+    // The metadata group bootstrapped the map: three active nodes, every
+    // shard placed at epoch 1.
+    let map = map_of(&client).await;
+    assert_eq!(map.epoch, 1, "{map:?}");
+    assert!((1..=3).all(|id| state_of(&map, id) == Some(pb::node_info::State::Active)));
+    assert!(map.shards.iter().all(|s| s.shard_epoch == 1 && s.target == vec![1, 2, 3]));
+    let st = status(&seeds[0]);
+    assert_eq!(st["metadata"]["voters"], serde_json::json!([1, 2, 3]), "{st}");
 
     // Phase: steady load in the background — 40 timers every 100 ms, due
     // 2–6 s ahead, every fifth cancelled — for as long as the operations run.
@@ -126,37 +185,104 @@ async fn add_drain_remove_and_decommission_under_load() {
     );
     n4.wait_ready();
     nodes.insert(4, n4);
-    let (ok, out) = admin(&seeds[0], &["node", "add", grpc4]);
+
+    // Phase: `node add 4` runs while the metadata leader is killed as soon
+    // as the map names node 4; the first run may fail with it, the second
+    // completes the add. The logs were purged behind snapshots, so node 4
+    // catches up by snapshot.
+    let first_add = {
+        let (seed, grpc4) = (seeds[0].clone(), grpc4.clone());
+        std::thread::spawn(move || admin(&seed, &["node", "add", &grpc4]))
+    };
+    let deadline = now_ms() + 30_000;
+    while state_of(&map_of(&client).await, 4) != Some(pb::node_info::State::Joining) {
+        assert!(now_ms() < deadline, "the map never had node 4 joining");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let meta_leader = metadata_leader(&seeds).await;
+    println!("killing the metadata leader, node {meta_leader}, mid-add");
+    nodes.get_mut(&meta_leader).unwrap().kill9();
+    let (first_ok, first_out) = first_add.join().unwrap();
+    println!("first node add: ok={first_ok}");
+    nodes.get_mut(&meta_leader).unwrap().restart();
+    let (ok, out) = admin(&seeds[1], &["node", "add", grpc4]);
     assert!(ok && out.contains("node 4 added"), "node add failed:\n{out}");
-    // The logs were purged behind snapshots, so node 4 caught up by snapshot;
-    // the leader waits for that before promoting it, and reports the bytes.
-    assert!(out.contains(" snapshot bytes streamed)"), "no move streamed a snapshot:\n{out}");
+    let streamed = bytes_streamed(&out) + if first_ok { bytes_streamed(&first_out) } else { 0 };
+    println!("snapshot bytes streamed to node 4: {streamed}");
     let after_add = placements(&client).await;
     let on4 = after_add.iter().filter(|v| v.contains(&4)).count();
     assert!(on4 > 0, "node 4 holds no replica: {after_add:?}");
     assert!(after_add.iter().all(|v| v.len() == 3), "{after_add:?}");
+    let map = map_of(&client).await;
+    assert_eq!(state_of(&map, 4), Some(pb::node_info::State::Active), "{map:?}");
+    // Adding (joining) and activating node 4 are two changes.
+    assert_eq!(map.epoch, 3, "{map:?}");
+    let epoch_after_add = map.epoch;
     // Re-running the add changes nothing and still succeeds.
     let (ok, out) = admin(&seeds[1], &["node", "add", grpc4]);
     assert!(ok, "re-running node add failed:\n{out}");
     assert_eq!(placements(&client).await, after_add);
+    assert_eq!(map_of(&client).await.epoch, epoch_after_add);
 
-    // Phase: drain and remove node 1, which leads some shards.
+    // Phase: a request routed by the epoch-1 map, for a shard that moved
+    // since, is refused with ABORTED and the current epoch; routed by the
+    // current map it is served. The shard-aware client refreshes by itself.
+    let moved = map.shards.iter().find(|s| s.shard_epoch > 1).expect("some shard moved to node 4");
+    let id = (0..).map(|i| format!("stale-{i}")).find(|id| client.shard_of("ops", id) == moved.shard).unwrap();
+    let mut raw = pb::timer_service_client::TimerServiceClient::connect(format!("http://{}", seeds[1])).await.unwrap();
+    let create = |epoch: u64| {
+        let mut req = tonic::Request::new(tocsin_client::webhook_timer("ops", &id, 600_000, &receiver.url));
+        req.metadata_mut().insert(tocsin_client::MAP_EPOCH_HEADER, epoch.into());
+        req
+    };
+    let refused = raw.create_timer(create(1)).await.expect_err("a stale route must be refused");
+    assert_eq!(refused.code(), tonic::Code::Aborted, "{refused:?}");
+    let info = <pb::ErrorInfo as prost::Message>::decode(refused.details()).unwrap();
+    assert_eq!(info.map_epoch, epoch_after_add);
+    assert!(info.message.contains("stale shard map"), "{}", info.message);
+    raw.create_timer(create(epoch_after_add)).await.expect("routed by the current map");
+    client.cancel_timer("ops", &id).await.unwrap();
+
+    // Phase: move one replica of a shard onto node 4, which holds none of
+    // it (the map knows node 4, so it need not hold any replica already).
+    let (shard, from) = after_add
+        .iter()
+        .enumerate()
+        .find_map(|(s, v)| (!v.contains(&4)).then(|| (s, *v.iter().next().unwrap())))
+        .expect("a shard without node 4");
+    let (ok, out) =
+        admin(&seeds[1], &["shard", "move", "--shard", &shard.to_string(), "--from", &from.to_string(), "--to", "4"]);
+    assert!(ok, "shard move failed:\n{out}");
+    let after_move = placements(&client).await;
+    assert!(after_move[shard].contains(&4) && !after_move[shard].contains(&from), "{after_move:?}");
+    assert_eq!(map_of(&client).await.epoch, epoch_after_add + 1);
+
+    // Phase: drain and remove node 1, which leads some shards and is a
+    // metadata voter.
     let (ok, out) = admin(&seeds[1], &["node", "remove", "1"]);
     assert!(ok && out.contains("drained and removed"), "node remove failed:\n{out}");
     let after_remove = placements(&client).await;
     assert!(after_remove.iter().all(|v| !v.contains(&1) && v.len() == 3), "{after_remove:?}");
     let (ok, out) = admin(&seeds[1], &["node", "remove", "1"]);
-    assert!(ok && out.contains("holds no replica"), "re-running node remove:\n{out}");
-    // Node 1 dropped its replicas and their data.
+    assert!(ok && out.contains("was removed at map epoch"), "re-running node remove:\n{out}");
+    let map = map_of(&client).await;
+    assert_eq!(state_of(&map, 1), Some(pb::node_info::State::Removed), "{map:?}");
+    let st = status(&seeds[1]);
+    assert_eq!(st["metadata"]["voters"], serde_json::json!([2, 3, 4]), "{st}");
+    // Node 1 dropped its replicas, the metadata one included, and their data.
     let mut n1 = pb::admin_service_client::AdminServiceClient::connect(format!("http://{}", seeds[0])).await.unwrap();
     let info = n1.get_cluster(pb::GetClusterRequest { digests: false }).await.unwrap().into_inner();
     assert_eq!(info.node_id, 1);
     assert!(
-        info.shards.is_empty(),
-        "node 1 still hosts {:?}; its log:\n{}",
+        info.shards.is_empty() && !info.metadata.as_ref().unwrap().hosted,
+        "node 1 still hosts {:?} (metadata: {:?}); its log:\n{}",
         info.shards.iter().map(|s| s.shard).collect::<Vec<_>>(),
+        info.metadata,
         nodes[&1].log()
     );
+    // Its id is never reused, whatever the address.
+    let (ok, out) = admin(&seeds[1], &["node", "add", &seeds[0]]);
+    assert!(!ok && out.contains("never reused"), "re-adding a removed id was not refused:\n{out}");
 
     // Phase: with node 4 dead, removing node 2 would leave shards on {3, 4}
     // with only node 3 answering: refused before anything moves.
@@ -172,6 +298,8 @@ async fn add_drain_remove_and_decommission_under_load() {
     assert!(ok && out.contains("decommissioned"), "node decommission failed:\n{out}");
     let after_decommission = placements(&client).await;
     assert!(after_decommission.iter().all(|v| *v == BTreeSet::from([2, 3])), "{after_decommission:?}");
+    let map = map_of(&client).await;
+    assert_eq!(state_of(&map, 4), Some(pb::node_info::State::Removed), "{map:?}");
 
     // Phase: stop the load, then every timer that must fire has fired.
     stop.store(true, Ordering::SeqCst);
