@@ -114,6 +114,9 @@ async fn unacked_reservations_are_redelivered_after_ttr() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pull_timers_survive_kill_9() {
     const TOTAL: usize = 10_000;
+    // Timers are due this far ahead of the first create, spread over the span.
+    const DUE_FROM_MS: u64 = 2_000;
+    const DUE_SPAN_MS: u64 = 8_000;
     let dir = tempfile::tempdir().unwrap();
     let mut node = NodeProcess::start(dir.path(), &[]);
     let options = ClientOptions { request_timeout: Duration::from_secs(3), max_attempts: 20, ..Default::default() };
@@ -149,12 +152,17 @@ async fn pull_timers_survive_kill_9() {
         });
     }
 
-    // Phase: create timers due 1-5 s ahead and cancel every fifth, while the
+    // Phase: create timers due 2-10 s ahead and cancel every fifth, while the
     // node is killed and restarted.
     let base = now_ms();
     let reqs: Vec<pb::CreateTimerRequest> = (0..TOTAL)
         .map(|i| {
-            tocsin_client::pull_timer("pull", &format!("t-{i}"), base + 1_000 + (i as u64 * 4_000 / TOTAL as u64), "q")
+            tocsin_client::pull_timer(
+                "pull",
+                &format!("t-{i}"),
+                base + DUE_FROM_MS + (i as u64 * DUE_SPAN_MS / TOTAL as u64),
+                "q",
+            )
         })
         .collect();
     let fates_list: Vec<(String, Option<bool>)> = create_and_cancel_fifth(&client, reqs)
@@ -173,8 +181,17 @@ async fn pull_timers_survive_kill_9() {
         .collect();
     let created_in_ms = now_ms() - base;
     println!("created and cancelled in {created_in_ms} ms");
-    assert!(created_in_ms < 2_000, "creating took {created_in_ms} ms: the kill would not land mid-way");
-    tokio::time::sleep(Duration::from_millis(2_500u64.saturating_sub(created_in_ms))).await;
+    // The kill lands at the middle of the due window, or as soon as the
+    // creates are done on a loaded machine (CI runs this beside a 4-node
+    // test): what is checked is that plenty of timers are still pending.
+    let kill_at = (base + DUE_FROM_MS + DUE_SPAN_MS / 2).max(now_ms());
+    tokio::time::sleep(Duration::from_millis(kill_at.saturating_sub(now_ms()))).await;
+    let pending_at_kill =
+        (0..TOTAL).filter(|i| base + DUE_FROM_MS + (*i as u64 * DUE_SPAN_MS / TOTAL as u64) > kill_at).count();
+    assert!(
+        pending_at_kill >= TOTAL / 4,
+        "creating took {created_in_ms} ms: only {pending_at_kill} timers pending at the kill"
+    );
     node.kill9();
     let killed_at = now_ms();
     tokio::time::sleep(Duration::from_secs(1)).await;

@@ -1,4 +1,4 @@
-//! Webhook delivery across a kill -9: 10,000 timers due 1–5 s ahead, 20%
+//! Webhook delivery across a kill -9: 10,000 timers due 2–10 s ahead, 20%
 //! cancelled, the node killed mid-way and restarted. Every timer whose create
 //! was acknowledged and which was not cancelled is delivered; no timer whose
 //! cancel answered CANCELLED is delivered; none arrives early.
@@ -18,6 +18,9 @@ use crate::support::now_ms;
 use crate::support::percentiles;
 
 const TOTAL: usize = 10_000;
+/// Timers are due this far ahead of the first create, spread over the span.
+const DUE_FROM_MS: u64 = 2_000;
+const DUE_SPAN_MS: u64 = 8_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn webhook_timers_survive_kill_9() {
@@ -27,23 +30,33 @@ async fn webhook_timers_survive_kill_9() {
     let options = ClientOptions { request_timeout: Duration::from_secs(3), max_attempts: 20, ..Default::default() };
     let client = Client::with_options([node.grpc.clone()], options).await.unwrap();
 
-    // Phase: create 10,000 timers due 1-5 s from now, in batches, and cancel
+    // Phase: create 10,000 timers due 2-10 s from now, in batches, and cancel
     // every fifth; the node is killed while this is going on.
     let base = now_ms();
     let mut fates: HashMap<String, (Fate, u64)> = HashMap::new();
     let reqs: Vec<pb::CreateTimerRequest> = (0..TOTAL)
         .map(|i| {
             let mut r = tocsin_client::webhook_timer("e2e", &format!("t-{i}"), 0, &receiver.url);
-            r.fire_time =
-                Some(pb::create_timer_request::FireTime::FireAtMs(base + 1_000 + (i as u64 * 4_000 / TOTAL as u64)));
+            r.fire_time = Some(pb::create_timer_request::FireTime::FireAtMs(
+                base + DUE_FROM_MS + (i as u64 * DUE_SPAN_MS / TOTAL as u64),
+            ));
             r
         })
         .collect();
     let fates_list = create_and_cancel_fifth(&client, reqs).await;
     let created_in_ms = now_ms() - base;
     println!("created and cancelled in {created_in_ms} ms");
-    assert!(created_in_ms < 2_000, "creating took {created_in_ms} ms: the kill would not land mid-way");
-    tokio::time::sleep(Duration::from_millis(2_500u64.saturating_sub(created_in_ms))).await;
+    // The kill lands at the middle of the due window, or as soon as the
+    // creates are done on a loaded machine (CI runs this beside a 4-node
+    // test): what is checked is that plenty of timers are still pending.
+    let kill_at = (base + DUE_FROM_MS + DUE_SPAN_MS / 2).max(now_ms());
+    tokio::time::sleep(Duration::from_millis(kill_at.saturating_sub(now_ms()))).await;
+    let pending_at_kill =
+        (0..TOTAL).filter(|i| base + DUE_FROM_MS + (*i as u64 * DUE_SPAN_MS / TOTAL as u64) > kill_at).count();
+    assert!(
+        pending_at_kill >= TOTAL / 4,
+        "creating took {created_in_ms} ms: only {pending_at_kill} timers pending at the kill"
+    );
     node.kill9();
     let killed_at = now_ms();
     tokio::time::sleep(Duration::from_secs(1)).await;
