@@ -91,6 +91,7 @@ enum Fault {
     AddNode,
     RemoveNode,
     KillDuringChange,
+    Rebalance,
 }
 
 struct Scenario {
@@ -164,6 +165,13 @@ const SCENARIOS: &[Scenario] = &[
         name: "kill-during-change",
         about: "kill -9 a shard's leader while `node add` is changing its membership; restart it, re-run the add",
         fault: Fault::KillDuringChange,
+        bounds: FAILOVER_BOUNDS,
+        quick: false,
+    },
+    Scenario {
+        name: "rebalance",
+        about: "with four nodes and three shards moved off the ring's placement, `tocsin admin rebalance` under load",
+        fault: Fault::Rebalance,
         bounds: FAILOVER_BOUNDS,
         quick: false,
     },
@@ -345,11 +353,15 @@ async fn drive(
     cluster::wait_all_led(&seeds, shards, Duration::from_secs(60))
         .await
         .context("the cluster never had a leader for every shard")?;
-    if scenario.fault == Fault::RemoveNode {
+    if matches!(scenario.fault, Fault::RemoveNode | Fault::Rebalance) {
         // Setup, before any load: a fourth node, so that removing one leaves
-        // every shard its three replicas.
+        // every shard its three replicas, or so that there is somewhere to
+        // move a replica to.
         add_fourth(net, cluster, &seeds).await?;
         seeds = cluster.seeds();
+    }
+    if scenario.fault == Fault::Rebalance {
+        unbalance(cluster, &seeds, 3).await?;
     }
     let client = driver::client(seeds.clone()).await?;
     let ops = dir.join("ops.ndjson");
@@ -519,6 +531,23 @@ async fn drive(
                 bail!("after the add, shard {} is on {:?}", s.shard, s.replicas);
             }
         }
+        Fault::Rebalance => {
+            fault_start_ms = now_ms();
+            let started = Instant::now();
+            let (ok, out) = cluster.admin(&seeds, &["rebalance"])?;
+            if !ok {
+                bail!("rebalance failed:\n{out}");
+            }
+            println!("    rebalanced in {} ms: {}", started.elapsed().as_millis(), last_line(&out));
+            let (ok, out) = cluster.admin(&seeds, &["rebalance", "--dry-run"])?;
+            if !ok || !last_line(&out).contains("would move 0 shards") {
+                bail!("after the rebalance, a dry run still plans moves:\n{out}");
+            }
+            let map = driver::client(seeds.clone()).await?.shard_map().await?;
+            if let Some(s) = map.shards.iter().find(|s| s.replicas.len() != 3) {
+                bail!("after the rebalance, shard {} is on {:?}", s.shard, s.replicas);
+            }
+        }
     }
     let healed = Instant::now();
     let fault_end_ms = now_ms();
@@ -577,6 +606,29 @@ async fn add_fourth(net: &Net, cluster: &mut Cluster, seeds: &[String]) -> anyho
     cluster::wait_all_led(&cluster.seeds(), cluster.num_shards(), Duration::from_secs(30))
         .await
         .context("setup: shards without a leader after adding node 4")?;
+    Ok(())
+}
+
+/// Setup for `rebalance`: moves one replica of each of the first `count`
+/// shards to the node the ring did not place it on, so that a rebalance has
+/// that many shards to put back.
+async fn unbalance(cluster: &Cluster, seeds: &[String], count: usize) -> anyhow::Result<()> {
+    let map = driver::client(seeds.to_vec()).await?.shard_map().await?;
+    let nodes: Vec<u64> = cluster.nodes.iter().map(|n| n.id).collect();
+    for s in map.shards.iter().take(count) {
+        let from = *s.replicas.first().context("a shard with no replicas")?;
+        let to = *nodes.iter().find(|n| !s.replicas.contains(n)).context("every node already holds the shard")?;
+        let args =
+            ["shard", "move", "--shard", &s.shard.to_string(), "--from", &from.to_string(), "--to", &to.to_string()];
+        let (ok, out) = cluster.admin(seeds, &args)?;
+        if !ok {
+            bail!("setup: moving shard {} from {from} to {to} failed:\n{out}", s.shard);
+        }
+        println!("    setup: {}", last_line(&out));
+    }
+    cluster::wait_all_led(seeds, cluster.num_shards(), Duration::from_secs(30))
+        .await
+        .context("setup: shards without a leader after the moves")?;
     Ok(())
 }
 
