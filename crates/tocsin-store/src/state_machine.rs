@@ -35,6 +35,8 @@ use tocsin_core::apply::apply_cluster_proposal;
 use tocsin_core::apply::apply_proposal;
 use tocsin_core::cluster::ClusterMap;
 use tocsin_core::command::ApplyResponse;
+use tocsin_core::command::CommandResult;
+use tocsin_core::command::Proposal;
 
 use crate::Entry;
 use crate::LogId;
@@ -130,84 +132,87 @@ impl StateMachine {
             cache: HashMap::new(),
             horizon: BTreeMap::new(),
         };
-        let mut responses = Vec::with_capacity(entries.len());
-        let mut last_applied: Option<LogId> = None;
-        let mut membership: Option<StoredMembership> = None;
-        for entry in entries {
-            let log_id = entry.log_id();
-            let results = match &entry.payload {
-                EntryPayload::Blank => Vec::new(),
-                EntryPayload::Normal(proposal) => apply_proposal(&mut overlay, &mut meta, log_id.index(), proposal)
-                    .map_err(|e| match e {
-                        ApplyError::Storage(e) => e,
-                        ApplyError::Invariant { .. } => {
-                            tracing::error!(group = self.group, error = %e, "stopping the group");
-                            io::Error::new(io::ErrorKind::InvalidData, format!("group {}: {e}", self.group))
-                        }
-                    })?,
-                EntryPayload::Membership(m) => {
-                    membership = Some(StoredMembership::new(Some(log_id), m.clone()));
-                    Vec::new()
+        let applied = apply_entries(entries, |index, proposal| {
+            apply_proposal(&mut overlay, &mut meta, index, proposal).map_err(|e| match e {
+                ApplyError::Storage(e) => e,
+                ApplyError::Invariant { .. } => {
+                    tracing::error!(group = self.group, error = %e, "stopping the group");
+                    io::Error::new(io::ErrorKind::InvalidData, format!("group {}: {e}", self.group))
                 }
-            };
-            responses.push(ApplyResponse { results });
-            last_applied = Some(log_id);
-        }
+            })
+        })?;
         overlay.flush_horizon()?;
         let mut batch = overlay.batch;
         let cf = self.store.cf(keys::CF_SM_META);
         batch.put_cf(cf, keys::tag_key(self.group, sm_meta::SHARD), codec::encode(&meta)?);
-        if let Some(last_applied) = &last_applied {
-            batch.put_cf(cf, keys::tag_key(self.group, sm_meta::APPLIED), codec::encode(last_applied)?);
-        }
-        if let Some(membership) = &membership {
-            batch.put_cf(cf, keys::tag_key(self.group, sm_meta::MEMBERSHIP), codec::encode(membership)?);
-        }
-        Ok((batch, responses))
+        self.put_progress(&mut batch, &applied)?;
+        Ok((batch, applied.responses))
     }
-}
 
-impl StateMachine {
     /// The metadata group's apply: the cluster map, `last_applied` and the
     /// membership in one batch. Blocking.
     fn apply_cluster_batch(&self, entries: &[Entry]) -> io::Result<(WriteBatch, Vec<ApplyResponse>)> {
         let mut map: ClusterMap = self.get_meta(sm_meta::CLUSTER_MAP)?.unwrap_or_default();
         let before = map.epoch;
-        let mut responses = Vec::with_capacity(entries.len());
-        let mut last_applied: Option<LogId> = None;
-        let mut membership: Option<StoredMembership> = None;
-        for entry in entries {
-            let log_id = entry.log_id();
-            let results = match &entry.payload {
-                EntryPayload::Blank => Vec::new(),
-                EntryPayload::Normal(proposal) => {
-                    apply_cluster_proposal::<io::Error>(&mut map, log_id.index(), proposal).map_err(|e| {
-                        tracing::error!(group = self.group, error = %e, "stopping the metadata group");
-                        io::Error::new(io::ErrorKind::InvalidData, format!("metadata group: {e}"))
-                    })?
-                }
-                EntryPayload::Membership(m) => {
-                    membership = Some(StoredMembership::new(Some(log_id), m.clone()));
-                    Vec::new()
-                }
-            };
-            responses.push(ApplyResponse { results });
-            last_applied = Some(log_id);
-        }
+        let applied = apply_entries(entries, |index, proposal| {
+            apply_cluster_proposal::<io::Error>(&mut map, index, proposal).map_err(|e| {
+                tracing::error!(group = self.group, error = %e, "stopping the metadata group");
+                io::Error::new(io::ErrorKind::InvalidData, format!("metadata group: {e}"))
+            })
+        })?;
         let mut batch = WriteBatch::default();
-        let cf = self.store.cf(keys::CF_SM_META);
         if map.epoch != before {
+            let cf = self.store.cf(keys::CF_SM_META);
             batch.put_cf(cf, keys::tag_key(self.group, sm_meta::CLUSTER_MAP), codec::encode(&map)?);
             tracing::info!(epoch = map.epoch, "cluster map changed");
         }
-        if let Some(last_applied) = &last_applied {
+        self.put_progress(&mut batch, &applied)?;
+        Ok((batch, applied.responses))
+    }
+
+    /// Adds `last_applied` and the newest membership of `applied` to the
+    /// batch that carries the state-machine changes, so that both land in
+    /// one synced write.
+    fn put_progress(&self, batch: &mut WriteBatch, applied: &Applied) -> io::Result<()> {
+        let cf = self.store.cf(keys::CF_SM_META);
+        if let Some(last_applied) = &applied.last_applied {
             batch.put_cf(cf, keys::tag_key(self.group, sm_meta::APPLIED), codec::encode(last_applied)?);
         }
-        if let Some(membership) = &membership {
+        if let Some(membership) = &applied.membership {
             batch.put_cf(cf, keys::tag_key(self.group, sm_meta::MEMBERSHIP), codec::encode(membership)?);
         }
-        Ok((batch, responses))
+        Ok(())
     }
+}
+
+/// What one apply call went through.
+struct Applied {
+    responses: Vec<ApplyResponse>,
+    last_applied: Option<LogId>,
+    membership: Option<StoredMembership>,
+}
+
+/// Walks `entries` in order: normal entries through `apply` (with their log
+/// index), membership entries remembered, blank ones answered empty.
+fn apply_entries(
+    entries: &[Entry],
+    mut apply: impl FnMut(u64, &Proposal) -> io::Result<Vec<CommandResult>>,
+) -> io::Result<Applied> {
+    let mut applied = Applied { responses: Vec::with_capacity(entries.len()), last_applied: None, membership: None };
+    for entry in entries {
+        let log_id = entry.log_id();
+        let results = match &entry.payload {
+            EntryPayload::Blank => Vec::new(),
+            EntryPayload::Normal(proposal) => apply(log_id.index(), proposal)?,
+            EntryPayload::Membership(m) => {
+                applied.membership = Some(StoredMembership::new(Some(log_id), m.clone()));
+                Vec::new()
+            }
+        };
+        applied.responses.push(ApplyResponse { results });
+        applied.last_applied = Some(log_id);
+    }
+    Ok(applied)
 }
 
 /// The rules' view of the group's timers: reads fall through to RocksDB,
