@@ -222,9 +222,7 @@ async fn propose_here(node: &NodeState, cmd: ClusterCommand) -> Result<(ClusterO
     match resp.data.results.into_iter().next() {
         Some(CommandResult::Cluster(outcome)) => {
             // Applied and durable before client_write returned.
-            if let Ok(map) = node.store.cluster_map() {
-                node.map.learn(map);
-            }
+            node.local_map().await;
             Ok((outcome, index))
         }
         other => Err(ApiError::Internal(format!("unexpected metadata result {other:?}"))),
@@ -342,11 +340,7 @@ async fn read_here(node: &NodeState) -> Result<(ClusterMap, pb::MetadataStatus),
         .map_err(|e| {
             ApiError::unavailable(format!("the metadata leader could not confirm its leadership: {e}"), 300)
         })?;
-    let store = node.store.clone();
-    let map = tokio::task::spawn_blocking(move || store.cluster_map())
-        .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?
-        .map_err(|e| ApiError::Internal(format!("reading the cluster map: {e}")))?;
+    let map = node.local_map().await.ok_or_else(|| ApiError::Internal("reading the cluster map failed".into()))?;
     Ok((map, ctx.status()))
 }
 
@@ -355,11 +349,7 @@ pub async fn serve_read(node: &NodeState, linearizable: bool) -> Result<pb::Read
     let (map, metadata) = if linearizable {
         read_here(node).await.map_err(|e| with_leader_hint(node, e))?
     } else {
-        let local = node.meta().and_then(|_| node.store.cluster_map().ok());
-        if let Some(map) = local {
-            node.map.learn(map);
-        }
-        ((*node.map.get()).clone(), status(node))
+        ((*node.fresh_map().await).clone(), status(node))
     };
     Ok(pb::ReadClusterMapResponse { map: encode(&map).into(), metadata: Some(metadata) })
 }
@@ -390,9 +380,7 @@ pub async fn read_latest(node: &NodeState) -> Result<ClusterMap, ApiError> {
 pub async fn refresh(node: &NodeState) {
     if let Some(ctx) = node.meta() {
         node.map.learn_route(&ctx.status());
-        if let Ok(map) = node.store.cluster_map() {
-            node.map.learn(map);
-        }
+        node.local_map().await;
         let wanted = node.map.wanted.load(Ordering::SeqCst);
         if ctx.raft.metrics().borrow_watched().current_leader.is_some() && node.map.get().epoch >= wanted {
             return;
@@ -426,18 +414,11 @@ pub fn initial_voters(members: &[(u64, String, String)]) -> Vec<u64> {
 /// cluster as the reachable nodes report it.
 pub async fn drive(node: &Arc<NodeState>, view: &ClusterView) {
     let Some(ctx) = node.meta().filter(|c| c.is_leader()) else { return };
-    let map = match node.store.cluster_map() {
-        Ok(map) => map,
-        Err(e) => {
-            tracing::warn!(error = %e, "reading the cluster map");
-            return;
-        }
-    };
+    let Some(map) = node.local_map().await else { return };
     if !map.is_bootstrapped() {
         bootstrap(node).await;
         return;
     }
-    node.map.learn(map.clone());
 
     // The group's own voters.
     let m = ctx.raft.metrics().borrow_watched().clone();

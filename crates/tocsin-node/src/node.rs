@@ -113,14 +113,28 @@ impl NodeState {
         self.meta.read().expect("meta lock").clone()
     }
 
+    /// The map this node's metadata replica has applied, if it hosts one;
+    /// read on the blocking pool, and learned into the cache.
+    pub async fn local_map(&self) -> Option<tocsin_core::cluster::ClusterMap> {
+        self.meta()?;
+        let store = self.store.clone();
+        let read = tokio::task::spawn_blocking(move || store.cluster_map()).await;
+        match read.map_err(std::io::Error::other).and_then(|r| r) {
+            Ok(map) => {
+                self.map.learn(map.clone());
+                Some(map)
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "reading the cluster map");
+                None
+            }
+        }
+    }
+
     /// The cached cluster map, first updated from this node's metadata
     /// replica if it hosts one (a point read; not for every request).
-    pub fn fresh_map(&self) -> Arc<tocsin_core::cluster::ClusterMap> {
-        if self.meta().is_some()
-            && let Ok(map) = self.store.cluster_map()
-        {
-            self.map.learn(map);
-        }
+    pub async fn fresh_map(&self) -> Arc<tocsin_core::cluster::ClusterMap> {
+        self.local_map().await;
         self.map.get()
     }
 
@@ -503,9 +517,7 @@ impl Node {
         });
         if host_meta {
             state.open_meta().await?;
-            if let Ok(map) = store.cluster_map() {
-                state.map.learn(map);
-            }
+            state.local_map().await;
         }
         for shard in &hosted {
             state.open_shard(*shard).await?;

@@ -66,34 +66,22 @@ pub async fn run(node: Arc<NodeState>) {
         }
         crate::meta::refresh(&node).await;
         let map = node.map.get();
-        if !round.is_multiple_of(VIEW_EVERY_ROUNDS) {
-            for ctx in node.shards.all() {
-                let m = ctx.raft.metrics().borrow_watched().clone();
-                let joint = m.membership_config.membership().get_joint_config().len() > 1;
-                if m.state == openraft::ServerState::Leader && m.current_leader == Some(node.node_id) && !joint {
-                    maybe_move(&node, &ctx, &map);
-                }
-            }
-            continue;
-        }
-        let view = crate::view::gather(&node, VIEW_TIMEOUT).await;
+        let view = if round.is_multiple_of(VIEW_EVERY_ROUNDS) {
+            Some(crate::view::gather(&node, VIEW_TIMEOUT).await)
+        } else {
+            None
+        };
         for ctx in node.shards.all() {
             let m = ctx.raft.metrics().borrow_watched().clone();
             let membership = m.membership_config.membership();
-            let leading = m.state == openraft::ServerState::Leader && m.current_leader == Some(node.node_id);
-            if leading && membership.get_joint_config().len() > 1 {
-                let Ok(_serial) = ctx.membership_change.try_lock() else { continue };
-                let Some(target) = membership.get_joint_config().last().cloned() else { continue };
-                tracing::info!(shard = ctx.shard, ?target, "completing a membership change left in joint consensus");
-                if let Err(e) = ctx.raft.change_membership(ChangeMembers::ReplaceAllVoters(target), false).await {
-                    tracing::warn!(shard = ctx.shard, error = %e, "completing the joint membership");
+            if m.state == openraft::ServerState::Leader && m.current_leader == Some(node.node_id) {
+                match membership.get_joint_config().as_slice() {
+                    [_, target] => complete_joint(&ctx, target.clone()).await,
+                    _ => maybe_move(&node, &ctx, &map),
                 }
                 continue;
             }
-            if leading {
-                maybe_move(&node, &ctx, &map);
-                continue;
-            }
+            let Some(view) = &view else { continue };
             let Some(local_index) = m.membership_config.log_id().as_ref().map(|l| l.index) else { continue };
             let Some(s) = view.shards.get(ctx.shard as usize) else { continue };
             let moved_on = !s.voters.is_empty()
@@ -113,8 +101,20 @@ pub async fn run(node: Arc<NodeState>) {
                 }
             }
         }
-        crate::meta::drive(&node, &view).await;
-        *node.remote_view.write().expect("view lock") = Some(view);
+        if let Some(view) = view {
+            crate::meta::drive(&node, &view).await;
+            *node.remote_view.write().expect("view lock") = Some(view);
+        }
+    }
+}
+
+/// Finishes a membership change its leader left in joint consensus, unless
+/// a change of the shard is running here.
+async fn complete_joint(ctx: &ShardCtx, target: std::collections::BTreeSet<u64>) {
+    let Ok(_serial) = ctx.membership_change.try_lock() else { return };
+    tracing::info!(shard = ctx.shard, ?target, "completing a membership change left in joint consensus");
+    if let Err(e) = ctx.raft.change_membership(ChangeMembers::ReplaceAllVoters(target), false).await {
+        tracing::warn!(shard = ctx.shard, error = %e, "completing the joint membership");
     }
 }
 

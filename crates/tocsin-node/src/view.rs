@@ -118,7 +118,7 @@ pub async fn gather(node: &Arc<NodeState>, timeout: Duration) -> ClusterView {
     let num_shards = node.config.num_shards;
     let mut view =
         ClusterView { num_shards, shards: vec![ShardView::default(); num_shards as usize], ..Default::default() };
-    let local = AdminApi::new(node.clone()).shard_map();
+    let local = AdminApi::new(node.clone()).shard_map().await;
     view.merge(node.node_id, &local);
     // Peers this node has talked to, even if it hosts no shard with them
     // any more (a drained node still finds the others), except removed

@@ -65,7 +65,7 @@ impl AdminApi {
 
     /// Cluster info, with each hosted shard's state digest if asked.
     pub async fn cluster_info_with_digests(&self) -> pb::ClusterInfo {
-        let mut info = self.cluster_info();
+        let mut info = self.cluster_info().await;
         for status in &mut info.shards {
             let Ok(ctx) = self.node.shard(status.shard) else { continue };
             let store = ctx.store.clone();
@@ -79,8 +79,8 @@ impl AdminApi {
         info
     }
 
-    pub fn cluster_info(&self) -> pb::ClusterInfo {
-        let map = self.node.fresh_map();
+    pub async fn cluster_info(&self) -> pb::ClusterInfo {
+        let map = self.node.fresh_map().await;
         let mut shards = Vec::new();
         for ctx in self.node.shards.all() {
             let m = ctx.raft.metrics().borrow_watched().clone();
@@ -132,8 +132,8 @@ impl AdminApi {
     /// Every shard: its target and placement epoch from the cluster map,
     /// and, for the shards this node hosts, the committed membership and
     /// the leader as this node knows them.
-    pub fn shard_map(&self) -> pb::ShardMap {
-        let info = self.cluster_info();
+    pub async fn shard_map(&self) -> pb::ShardMap {
+        let info = self.cluster_info().await;
         let map = self.node.map.get();
         let ring = if map.is_bootstrapped() {
             map.ring.clone()
@@ -211,11 +211,11 @@ impl pb::admin_service_server::AdminService for AdminApi {
         if request.into_inner().digests {
             return Ok(Response::new(self.cluster_info_with_digests().await));
         }
-        Ok(Response::new(self.cluster_info()))
+        Ok(Response::new(self.cluster_info().await))
     }
 
     async fn get_shard_map(&self, _: Request<pb::GetShardMapRequest>) -> Result<Response<pb::ShardMap>, Status> {
-        Ok(Response::new(self.shard_map()))
+        Ok(Response::new(self.shard_map().await))
     }
 
     type AddNodeStream = ProgressStream;

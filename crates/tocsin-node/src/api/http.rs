@@ -334,7 +334,7 @@ async fn horizon(State(s): State<HttpState>, Path(namespace): Path<String>) -> R
 }
 
 async fn cluster(State(s): State<HttpState>) -> Response {
-    let info = s.admin.cluster_info();
+    let info = s.admin.cluster_info().await;
     let nodes: Vec<serde_json::Value> = info
         .nodes
         .iter()
