@@ -268,3 +268,34 @@ pub async fn create_and_cancel_fifth(
         .flatten()
         .collect()
 }
+
+/// Timers `0..total` due evenly over `span_ms`, from `from_ms` after
+/// `base_ms`: the kill -9 tests' load.
+pub struct DueWindow {
+    pub base_ms: u64,
+    pub from_ms: u64,
+    pub span_ms: u64,
+    pub total: usize,
+}
+
+impl DueWindow {
+    pub fn fire_at(&self, i: usize) -> u64 {
+        self.base_ms + self.from_ms + i as u64 * self.span_ms / self.total as u64
+    }
+
+    /// Waits for the middle of the window, or not at all when the creates
+    /// ran past it on a loaded machine (CI runs these beside a 4-node test),
+    /// and checks that at least a quarter of the timers are still pending
+    /// then, so that a kill there lands mid-way. Returns that moment.
+    pub async fn kill_point(&self) -> u64 {
+        let kill_at = (self.base_ms + self.from_ms + self.span_ms / 2).max(now_ms());
+        tokio::time::sleep(std::time::Duration::from_millis(kill_at.saturating_sub(now_ms()))).await;
+        let pending = (0..self.total).filter(|i| self.fire_at(*i) > kill_at).count();
+        assert!(
+            pending >= self.total / 4,
+            "creating took {} ms: only {pending} timers pending at the kill",
+            kill_at - self.base_ms
+        );
+        kill_at
+    }
+}
