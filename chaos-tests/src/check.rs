@@ -18,7 +18,14 @@
 //!   took over, break this.
 //! - **I5 lateness**: receive time minus fire time of each timer's first
 //!   accepted delivery: p50/p99/max over the run and over the fault window.
-//! - **I6 early**: no delivery received before its fire time.
+//! - **I6 early**: no delivery received before its fire time (more than
+//!   the scenario's tolerance before it, for the clock scenarios).
+//!
+//! A run may have several receivers (a second tenant's sink, a pull
+//! consumer); each keeps its own fence, so I4 is re-derived per file, and
+//! the other invariants over all of them. A scenario may restrict the
+//! lateness figures to some timers (by id prefix), for example those whose
+//! receiver was not the one made to fail.
 //!
 //! I7 (replica digests) and I8 (leaders after healing) are checked live by
 //! the scenario runner and passed in.
@@ -26,14 +33,15 @@
 use std::collections::BTreeMap;
 use std::collections::HashMap;
 use std::path::Path;
+use std::path::PathBuf;
 
 use serde::Deserialize;
 use serde::Serialize;
 
 use crate::driver::Op;
 
-/// One line of `tocsin sink`'s output.
-#[derive(Clone, Debug, Deserialize)]
+/// One line of `tocsin sink`'s output (the pull consumer writes the same).
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Delivery {
     pub recv_ms: u64,
     pub verdict: String,
@@ -42,8 +50,26 @@ pub struct Delivery {
     pub epoch: u64,
     pub fire_id: String,
     #[serde(default)]
+    pub attempt: u32,
+    #[serde(default)]
     pub attempt_index: u64,
     pub fire_at_ms: u64,
+    /// The request path (`tocsin sink`), empty for a pull consumer.
+    #[serde(default)]
+    pub path: String,
+    /// The HTTP status the sink answered.
+    #[serde(default)]
+    pub status: u16,
+}
+
+/// Every line of a receiver's records that parses as a delivery.
+pub fn read_deliveries(path: &Path) -> anyhow::Result<Vec<Delivery>> {
+    read_lines(path)
+}
+
+/// Every operation the driver recorded.
+pub fn read_ops(path: &Path) -> anyhow::Result<Vec<Op>> {
+    read_lines(path)
 }
 
 fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result<Vec<T>> {
@@ -60,7 +86,7 @@ pub struct Percentiles {
 }
 
 impl Percentiles {
-    fn of(mut v: Vec<u64>) -> Percentiles {
+    pub fn of(mut v: Vec<u64>) -> Percentiles {
         if v.is_empty() {
             return Percentiles::default();
         }
@@ -151,11 +177,30 @@ impl Report {
     }
 }
 
-/// Judges a run from its files; `fault` is the fault window `(start, end)`
-/// in unix ms (timers due in it, give or take a second before and ten after).
-pub fn check(ops_path: &Path, deliveries_path: &Path, fault: Option<(u64, u64)>) -> anyhow::Result<Report> {
-    let ops: Vec<Op> = read_lines(ops_path)?;
-    let deliveries: Vec<Delivery> = read_lines(deliveries_path)?;
+/// What to judge, and how.
+pub struct Inputs<'a> {
+    pub ops: &'a Path,
+    /// Every receiver's records; each file is one receiver with its own fence.
+    pub deliveries: &'a [PathBuf],
+    /// The fault window `(start, end)` in unix ms (timers due in it, give or
+    /// take a second before and ten after).
+    pub fault: Option<(u64, u64)>,
+    /// Only timers whose id starts with one of these count towards the
+    /// lateness figures; empty means every timer.
+    pub lateness_prefixes: &'a [String],
+    /// A delivery counts as early only if it arrives more than this before
+    /// its fire time.
+    pub early_tolerance_ms: u64,
+}
+
+/// Judges a run from its files.
+pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
+    let ops: Vec<Op> = read_lines(inputs.ops)?;
+    let mut files: Vec<Vec<Delivery>> = Vec::new();
+    for path in inputs.deliveries {
+        files.push(if path.exists() { read_lines(path)? } else { Vec::new() });
+    }
+    let fault = inputs.fault;
     let mut report = Report::default();
 
     // Each acknowledged timer's due time: its fire time, or its creation if
@@ -164,10 +209,14 @@ pub fn check(ops_path: &Path, deliveries_path: &Path, fault: Option<(u64, u64)>)
     let mut unknown_create: Vec<&str> = Vec::new();
     for op in ops.iter().filter(|o| o.op == "create") {
         if op.outcome == "ok" {
-            if op.created_at_ms > op.fire_at_ms {
+            // The leader stamps creation with its own clock; a timer cannot
+            // have been created after its create was answered (host clock),
+            // which bounds a leader whose clock runs ahead.
+            let created_at_ms = op.created_at_ms.min(op.complete_ms);
+            if created_at_ms > op.fire_at_ms {
                 report.created_overdue += 1;
             }
-            created.insert(&op.id, op.fire_at_ms.max(op.created_at_ms));
+            created.insert(&op.id, op.fire_at_ms.max(created_at_ms));
         } else {
             unknown_create.push(&op.id);
         }
@@ -183,31 +232,37 @@ pub fn check(ops_path: &Path, deliveries_path: &Path, fault: Option<(u64, u64)>)
         cancel.values().filter(|c| c.outcome == "cancelled" || c.outcome == "already_cancelled").count();
     report.cancels_unknown = cancel.values().filter(|c| c.outcome == "unknown").count();
 
-    // Deliveries, in receive order (the sink's file order).
+    // Deliveries, in receive order (each file's order); the earliest accepted
+    // one of each timer over every receiver.
     let mut first_accepted: HashMap<&str, &Delivery> = HashMap::new();
-    let mut max_epoch: BTreeMap<u32, u64> = BTreeMap::new();
     let mut seen_fire_ids: HashMap<&str, usize> = HashMap::new();
-    for d in &deliveries {
-        match d.verdict.as_str() {
-            "accepted" => {
-                let max = max_epoch.entry(d.shard).or_insert(0);
-                if d.epoch < *max {
-                    report.accepted_stale += 1;
+    for deliveries in &files {
+        let mut max_epoch: BTreeMap<u32, u64> = BTreeMap::new();
+        for d in deliveries {
+            match d.verdict.as_str() {
+                "accepted" => {
+                    let max = max_epoch.entry(d.shard).or_insert(0);
+                    if d.epoch < *max {
+                        report.accepted_stale += 1;
+                    }
+                    *max = (*max).max(d.epoch);
+                    let first = first_accepted.entry(&d.id).or_insert(d);
+                    if d.recv_ms < first.recv_ms {
+                        *first = d;
+                    }
+                    *seen_fire_ids.entry(&d.fire_id).or_default() += 1;
+                    if d.recv_ms + inputs.early_tolerance_ms < d.fire_at_ms {
+                        report.early += 1;
+                    }
                 }
-                *max = (*max).max(d.epoch);
-                first_accepted.entry(&d.id).or_insert(d);
-                *seen_fire_ids.entry(&d.fire_id).or_default() += 1;
-                if d.recv_ms < d.fire_at_ms {
-                    report.early += 1;
-                }
+                "duplicate" => report.duplicates += 1,
+                "rejected_stale" => report.rejected_stale += 1,
+                _ => {}
             }
-            "duplicate" => report.duplicates += 1,
-            "rejected_stale" => report.rejected_stale += 1,
-            _ => {}
         }
+        report.epoch_order_violations += epoch_order_violations(deliveries);
     }
-
-    report.epoch_order_violations = epoch_order_violations(&deliveries);
+    let deliveries: Vec<&Delivery> = files.iter().flatten().collect();
 
     let mut lateness = Vec::new();
     let mut window = Vec::new();
@@ -220,8 +275,13 @@ pub fn check(ops_path: &Path, deliveries_path: &Path, fault: Option<(u64, u64)>)
         match first_accepted.get(id) {
             Some(d) => {
                 let late = d.recv_ms.saturating_sub(*due_ms);
-                lateness.push(late);
+                let counted = inputs.lateness_prefixes.is_empty()
+                    || inputs.lateness_prefixes.iter().any(|p| id.starts_with(p.as_str()));
+                if counted {
+                    lateness.push(late);
+                }
                 if let Some((start, end)) = fault
+                    && counted
                     && *due_ms + 1_000 >= start
                     && *due_ms <= end + 10_000
                 {
@@ -290,8 +350,11 @@ mod tests {
             shard,
             epoch,
             fire_id: String::new(),
+            attempt: 1,
             attempt_index,
             fire_at_ms: 0,
+            path: String::new(),
+            status: 200,
         }
     }
 
@@ -325,7 +388,14 @@ mod tests {
             ),
         )
         .unwrap();
-        let r = check(&ops, &dels, None).unwrap();
+        let inputs = Inputs {
+            ops: &ops,
+            deliveries: std::slice::from_ref(&dels),
+            fault: None,
+            lateness_prefixes: &[],
+            early_tolerance_ms: 0,
+        };
+        let r = check(&inputs).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         assert_eq!((r.must_fire, r.lost, r.created_overdue, r.early), (3, 1, 1, 0));
         assert_eq!(r.lateness.max_ms, 40);

@@ -1,8 +1,8 @@
 //! The processes under test: three `tocsin serve` nodes (and, for the
-//! membership scenarios, a fourth that joins later) and a `tocsin sink`
-//! receiver, each in its own namespace, with the controls faults need
-//! (SIGKILL, SIGTERM, SIGSTOP/SIGCONT, restart with the same data), and
-//! `tocsin admin` to change the membership.
+//! membership scenarios, a fourth that joins later) and `tocsin sink`
+//! receivers, each in its own namespace, with the controls faults need
+//! (SIGKILL, SIGTERM, SIGSTOP/SIGCONT, restart with the same data, the test
+//! clock offset), and `tocsin admin` to change the membership.
 
 use std::path::Path;
 use std::path::PathBuf;
@@ -23,10 +23,33 @@ pub const GRPC_PORT: u16 = 7070;
 pub const HTTP_PORT: u16 = 7071;
 pub const SINK_PORT: u16 = 9000;
 
+/// How a scenario wants its nodes and receivers started.
+#[derive(Clone, Debug, Default)]
+pub struct NodeOptions {
+    /// Extra environment for every node (`TOCSIN_*` config overrides).
+    pub env: Vec<(String, String)>,
+    /// Give every node its own test clock offset file (see
+    /// [`Cluster::set_clock_offset`]), holding `0` unless listed here.
+    pub clock_files: bool,
+    pub initial_clock_offsets_ms: Vec<(u64, i64)>,
+    /// Further ports the main sink listens on (each is its own webhook
+    /// endpoint for the nodes).
+    pub sink_extra_ports: Vec<u16>,
+    /// A second receiver, in its own namespace (`tc-sink2`), never faulted.
+    pub second_sink: bool,
+}
+
+/// The environment variable a debug-build node reads its test clock offset
+/// file from: one signed integer, milliseconds added to its wall clock,
+/// re-read at most every 100 ms.
+pub const CLOCK_OFFSET_ENV: &str = "TOCSIN_TEST_CLOCK_OFFSET_FILE";
+
 /// One node process.
 pub struct NodeProc {
     pub id: u64,
     pub host: Host,
+    /// Its data directory.
+    pub data: PathBuf,
     log: PathBuf,
     args: Vec<String>,
     env: Vec<(String, String)>,
@@ -94,36 +117,81 @@ impl NodeProc {
     pub fn running(&self) -> bool {
         self.child.is_some()
     }
+
+    /// Whether the process ended by itself (then it counts as not running).
+    pub fn has_exited(&mut self) -> bool {
+        if let Some(child) = self.child.as_mut()
+            && let Ok(Some(_)) = child.try_wait()
+        {
+            self.child = None;
+            return true;
+        }
+        false
+    }
+
+    /// The last `lines` lines of its log.
+    pub fn log_tail(&self, lines: usize) -> String {
+        tail(&self.log, lines)
+    }
+
+    /// Its HTTP address.
+    pub fn http(&self) -> String {
+        format!("{}:{HTTP_PORT}", self.host.ip)
+    }
 }
 
-/// The nodes and the receiver.
+/// One receiver process.
+struct SinkProc {
+    child: Option<Child>,
+}
+
+/// The nodes and the receivers.
 pub struct Cluster {
     pub nodes: Vec<NodeProc>,
-    sink: Option<Child>,
+    sinks: Vec<SinkProc>,
+    /// The main receiver's endpoint, and where it records.
     pub sink_url: String,
     pub deliveries: PathBuf,
+    /// The second receiver's endpoint and records, when started.
+    pub sink2: Option<(String, PathBuf)>,
     tocsin: PathBuf,
     dir: PathBuf,
     shards: u32,
+    options: NodeOptions,
 }
 
 impl Cluster {
-    /// Starts `sink` and three nodes (hosts named n1..n3 in `net`).
-    pub fn start(net: &Net, tocsin: &Path, dir: &Path, shards: u32) -> anyhow::Result<Cluster> {
+    /// Starts the receivers and three nodes (hosts named n1..n3 in `net`).
+    pub fn start(net: &Net, tocsin: &Path, dir: &Path, shards: u32, options: &NodeOptions) -> anyhow::Result<Cluster> {
         std::fs::create_dir_all(dir)?;
         let deliveries = dir.join("deliveries.ndjson");
         let sink_host = net.host("sink");
-        let sink_log = std::fs::File::create(dir.join("sink.log"))?;
-        let sink = Command::new("ip")
-            .args(["netns", "exec", &sink_host.ns()])
-            .arg(tocsin)
-            .args(["sink", "--quiet", "--listen", &format!("{}:{SINK_PORT}", sink_host.ip)])
-            .arg("--out")
-            .arg(&deliveries)
-            .stdout(Stdio::null())
-            .stderr(sink_log)
-            .spawn()
-            .context("starting the sink")?;
+        let mut cluster = Cluster {
+            nodes: Vec::new(),
+            sinks: Vec::new(),
+            sink_url: format!("http://{}:{SINK_PORT}/hook", sink_host.ip),
+            deliveries: deliveries.clone(),
+            sink2: None,
+            tocsin: tocsin.to_path_buf(),
+            dir: dir.to_path_buf(),
+            shards,
+            options: options.clone(),
+        };
+        let mut ports = vec![SINK_PORT];
+        ports.extend(&options.sink_extra_ports);
+        cluster.start_sink(sink_host, &ports, &deliveries, "sink.log")?;
+        if options.second_sink {
+            let host = net.host("sink2");
+            let out = dir.join("deliveries-2.ndjson");
+            cluster.start_sink(host, &[SINK_PORT], &out, "sink2.log")?;
+            cluster.sink2 = Some((format!("http://{}:{SINK_PORT}/hook", host.ip), out));
+        }
+        if options.clock_files {
+            for id in 1..=4u64 {
+                let offset = options.initial_clock_offsets_ms.iter().find(|(n, _)| *n == id).map_or(0, |(_, ms)| *ms);
+                cluster.set_clock_offset(id, offset)?;
+            }
+        }
         let names = ["n1", "n2", "n3"];
         let initial: Vec<String> = names
             .iter()
@@ -133,19 +201,39 @@ impl Cluster {
                 format!("{}={ip}:{GRPC_PORT}/{ip}:{HTTP_PORT}", i + 1)
             })
             .collect();
-        let mut cluster = Cluster {
-            nodes: Vec::new(),
-            sink: Some(sink),
-            sink_url: format!("http://{}:{SINK_PORT}/hook", net.host("sink").ip),
-            deliveries,
-            tocsin: tocsin.to_path_buf(),
-            dir: dir.to_path_buf(),
-            shards,
-        };
         for (i, name) in names.iter().enumerate() {
             cluster.spawn_node(net.host(name), i as u64 + 1, &["--initial-cluster".into(), initial.join(",")])?;
         }
         Ok(cluster)
+    }
+
+    fn start_sink(&mut self, host: &Host, ports: &[u16], out: &Path, log: &str) -> anyhow::Result<()> {
+        let sink_log = std::fs::File::create(self.dir.join(log))?;
+        let mut cmd = Command::new("ip");
+        cmd.args(["netns", "exec", &host.ns()]).arg(&self.tocsin).args(["sink", "--quiet"]);
+        for port in ports {
+            cmd.args(["--listen", &format!("{}:{port}", host.ip)]);
+        }
+        let child =
+            cmd.arg("--out").arg(out).stdout(Stdio::null()).stderr(sink_log).spawn().context("starting a sink")?;
+        self.sinks.push(SinkProc { child: Some(child) });
+        Ok(())
+    }
+
+    /// The test clock offset file of node `id`.
+    pub fn clock_file(&self, id: u64) -> PathBuf {
+        self.dir.join(format!("n{id}.clock-offset-ms"))
+    }
+
+    /// Sets node `id`'s wall clock `offset_ms` away from the host's (through
+    /// its offset file; written whole, then renamed, so the node never reads
+    /// half a number).
+    pub fn set_clock_offset(&self, id: u64, offset_ms: i64) -> anyhow::Result<()> {
+        let path = self.clock_file(id);
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, format!("{offset_ms}\n"))?;
+        std::fs::rename(&tmp, &path)?;
+        Ok(())
     }
 
     fn spawn_node(&mut self, host: &Host, id: u64, extra: &[String]) -> anyhow::Result<()> {
@@ -168,12 +256,16 @@ impl Cluster {
             self.shards.to_string(),
         ];
         args.extend(extra.iter().cloned());
-        let env = vec![
+        let mut env = vec![
             ("TOCSIN_REPLICATION_FACTOR".to_string(), "3".to_string()),
             ("RUST_LOG".to_string(), "info,openraft=error".to_string()),
         ];
+        env.extend(self.options.env.iter().cloned());
+        if self.options.clock_files {
+            env.push((CLOCK_OFFSET_ENV.to_string(), self.clock_file(id).display().to_string()));
+        }
         let log = self.dir.join(format!("{}.log", host.name));
-        let mut node = NodeProc { id, host: host.clone(), log, args, env, child: None };
+        let mut node = NodeProc { id, host: host.clone(), data, log, args, env, child: None };
         node.spawn(&self.tocsin)?;
         self.nodes.push(node);
         Ok(())
@@ -243,9 +335,11 @@ impl Drop for Cluster {
             node.thaw();
             node.kill9();
         }
-        if let Some(mut sink) = self.sink.take() {
-            let _ = sink.kill();
-            let _ = sink.wait();
+        for sink in &mut self.sinks {
+            if let Some(mut child) = sink.child.take() {
+                let _ = child.kill();
+                let _ = child.wait();
+            }
         }
     }
 }

@@ -142,6 +142,59 @@ impl Net {
         sh(&["ip", "netns", "exec", &host.ns(), "iptables", "-F"])?;
         Ok(())
     }
+
+    /// Drops everything `host` sends to each of `peers` (inside `host`'s
+    /// namespace, OUTPUT only): a one-way cut. [`Net::heal`] removes it.
+    pub fn drop_outgoing(&self, host: &Host, peers: &[&Host]) -> anyhow::Result<()> {
+        let ns = host.ns();
+        for peer in peers {
+            sh(&["ip", "netns", "exec", &ns, "iptables", "-A", "OUTPUT", "-d", &peer.ip, "-j", "DROP"])?;
+        }
+        Ok(())
+    }
+
+    /// Cuts the link between `a` and `b` both ways (rules in both
+    /// namespaces), leaving their other traffic alone.
+    pub fn cut(&self, a: &Host, b: &Host) -> anyhow::Result<()> {
+        for (from, to) in [(a, b), (b, a)] {
+            let ns = from.ns();
+            sh(&["ip", "netns", "exec", &ns, "iptables", "-A", "INPUT", "-s", &to.ip, "-j", "DROP"])?;
+            sh(&["ip", "netns", "exec", &ns, "iptables", "-A", "OUTPUT", "-d", &to.ip, "-j", "DROP"])?;
+        }
+        Ok(())
+    }
+
+    /// Undoes one [`Net::cut`] between `a` and `b`.
+    pub fn uncut(&self, a: &Host, b: &Host) -> anyhow::Result<()> {
+        for (from, to) in [(a, b), (b, a)] {
+            let ns = from.ns();
+            sh(&["ip", "netns", "exec", &ns, "iptables", "-D", "INPUT", "-s", &to.ip, "-j", "DROP"])?;
+            sh(&["ip", "netns", "exec", &ns, "iptables", "-D", "OUTPUT", "-d", &to.ip, "-j", "DROP"])?;
+        }
+        Ok(())
+    }
+
+    /// Takes `host`'s bridge port down (it reaches nobody, silently) or back up.
+    pub fn set_link(&self, host: &Host, up: bool) -> anyhow::Result<()> {
+        sh(&["ip", "link", "set", &format!("tcv-{}", host.name), if up { "up" } else { "down" }])?;
+        Ok(())
+    }
+
+    /// Limits what the bridge sends to `host` (everything it receives) to
+    /// `rate` (tc syntax, `20mbit`) with a token bucket; `None` removes it.
+    pub fn shape_incoming(&self, host: &Host, rate: Option<&str>) -> anyhow::Result<()> {
+        let dev = format!("tcv-{}", host.name);
+        match rate {
+            Some(rate) => {
+                sh(&[
+                    "tc", "qdisc", "replace", "dev", &dev, "root", "tbf", "rate", rate, "burst", "64kb", "latency",
+                    "1s",
+                ])?;
+            }
+            None => sh_quiet(&["tc", "qdisc", "del", "dev", &dev, "root"]),
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Net {

@@ -24,7 +24,7 @@ use indicatif::ProgressBar;
 use indicatif::ProgressStyle;
 use tocsin_client::Client;
 use tocsin_client::v1 as pb;
-use tocsin_node::clock::now_ms;
+use tocsin_node::clock::system_now_ms as now_ms;
 
 use crate::sink;
 
@@ -302,7 +302,7 @@ async fn fire(
             _ => {}
         }
     });
-    let fence = Arc::new(Mutex::new(sink::Fence::new(None, Box::new(std::io::sink()), Some(tap))));
+    let fence = sink::Fence::new(None, Box::new(std::io::sink()), Some(tap));
     let listener = tokio::net::TcpListener::bind(&sink_addr).await?;
     let url = match sink_advertise {
         Some(advertised) => format!("http://{advertised}/hook"),
@@ -597,7 +597,7 @@ async fn restart(
             tap_received.lock().expect("lock").push(r.recv_ms);
         }
     });
-    let fence = Arc::new(Mutex::new(sink::Fence::new(None, Box::new(std::io::sink()), Some(tap))));
+    let fence = sink::Fence::new(None, Box::new(std::io::sink()), Some(tap));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/hook", listener.local_addr()?);
     tokio::spawn(async move {

@@ -68,6 +68,8 @@ fn init_logging(filter: &str) {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
+    // Test builds only: fault points armed by the FAILPOINTS variable.
+    tocsin_node::fault::setup_from_env();
 }
 
 fn install_metrics() -> Option<metrics_exporter_prometheus::PrometheusHandle> {

@@ -62,6 +62,10 @@ pub struct ShardMeta {
     pub firing: u64,
     /// Finished timers still retained.
     pub finished: u64,
+    /// The largest time any applied entry was stamped with: apply's clock
+    /// never goes backwards, whatever a new leader's wall clock says (see
+    /// [`apply_proposal`]).
+    pub clock_ms: u64,
 }
 
 /// The stored timers of one shard, as the rules see them.
@@ -108,12 +112,17 @@ pub fn apply_proposal<T: TimerTable>(
             ),
         });
     }
+    // A shard's time never goes backwards: a leader whose clock is behind the
+    // previous one's (or stepped back) cannot move created, fired or
+    // finished times into the past, nor make a fire look early or late.
+    let now_ms = proposal.now_ms.max(meta.clock_ms);
+    meta.clock_ms = now_ms;
     proposal
         .commands
         .iter()
         .enumerate()
         .map(|(position, cmd)| {
-            let ctx = ApplyCtx { index, position: position as u32, now_ms: proposal.now_ms };
+            let ctx = ApplyCtx { index, position: position as u32, now_ms };
             apply_command(table, meta, ctx, cmd)
         })
         .collect()
@@ -341,23 +350,20 @@ impl<T: TimerTable> Rules<'_, T> {
         if epoch != self.meta.epoch || epoch == 0 {
             return Ok(skip(SkipReason::StaleEpoch));
         }
-        if record.due_ms() != Some(due_ms) {
+        let Some(due) = record.due() else {
+            return Ok(skip(SkipReason::Stale));
+        };
+        if due.at_ms != due_ms {
             // Cancelled, rescheduled or moved on since the leader loaded it.
             return Ok(skip(SkipReason::Stale));
         }
         let now = self.ctx.now_ms;
-        if due_ms > now {
+        // Never early: the entry's time must have come, except for a webhook
+        // attempt an earlier leader started, which is redelivered at once.
+        if due_ms > now && !due.adopt_now(epoch) {
             return Ok(skip(SkipReason::NotDue));
         }
         let pull = record.callback.is_pull();
-        if let Some(fire) = &record.fire
-            && matches!(fire.phase, FirePhase::InFlight { .. })
-            && fire.epoch == epoch
-        {
-            // This leader started that attempt and is tracking it: a second look
-            // from its wheel must not start another.
-            return Ok(skip(SkipReason::Stale));
-        }
         let mut new = record.clone();
         match &mut new.fire {
             None => {
@@ -373,7 +379,7 @@ impl<T: TimerTable> Rules<'_, T> {
                     phase: if pull {
                         FirePhase::Ready { since_ms: now }
                     } else {
-                        FirePhase::InFlight { since_ms: now, until_ms: now.saturating_add(timeout_ms) }
+                        FirePhase::InFlight { since_ms: now, until_ms: now.saturating_add(timeout_ms.max(1)) }
                     },
                     last_error: String::new(),
                 });
@@ -382,16 +388,28 @@ impl<T: TimerTable> Rules<'_, T> {
                 }
             }
             Some(fire) if pull => {
-                // A reservation ran out under an earlier leader, or a nack's backoff
-                // ended: ready for the next consumer. Already ready: nothing changes.
+                // Ready already (a new leader re-offers it): nothing changes. A
+                // reservation that ran out, or a nack's backoff that ended: ready
+                // for the next consumer.
                 if matches!(fire.phase, FirePhase::Ready { .. }) {
                     return Ok(CommandResult::Dispatch { record });
+                }
+                if matches!(fire.phase, FirePhase::InFlight { .. }) {
+                    fire.last_error = "the reservation ran out without an ack".into();
                 }
                 fire.phase = FirePhase::Ready { since_ms: now };
             }
             Some(fire) => {
-                // A webhook retry, or a redelivery of an attempt an earlier leader
-                // left in flight.
+                // A webhook retry after a backoff, an attempt whose deadline passed
+                // with no outcome recorded (lost reply, dropped task), or an attempt
+                // an earlier leader left in flight.
+                if matches!(fire.phase, FirePhase::InFlight { .. }) {
+                    fire.last_error = if fire.epoch < epoch {
+                        "the leader that started the attempt lost its leadership".into()
+                    } else {
+                        "no outcome recorded before the attempt's deadline".into()
+                    };
+                }
                 if fire.attempt >= record.retry.max_attempts.max(1) {
                     let error = format!("gave up after {} attempts: {}", fire.attempt, fire.last_error);
                     return self.die(key, record, new, &error);
@@ -403,7 +421,7 @@ impl<T: TimerTable> Rules<'_, T> {
                 fire.epoch = epoch;
                 fire.attempt_index = self.ctx.index;
                 fire.attempt_started_at_ms = now;
-                fire.phase = FirePhase::InFlight { since_ms: now, until_ms: now.saturating_add(timeout_ms) };
+                fire.phase = FirePhase::InFlight { since_ms: now, until_ms: now.saturating_add(timeout_ms.max(1)) };
             }
         }
         self.put(key, Some(&record), new.clone())?;
@@ -432,10 +450,17 @@ impl<T: TimerTable> Rules<'_, T> {
         if fire.fire_index != fire_index || fire.attempt != expected_attempt {
             return Ok(skip(SkipReason::Stale));
         }
-        if matches!(fire.phase, FirePhase::Backoff { .. }) {
+        let now = self.ctx.now_ms;
+        // Reservable: ready, or a reservation or backoff that has run out. A
+        // reservation still running belongs to its consumer until `until_ms`.
+        let reservable = match fire.phase {
+            FirePhase::Ready { .. } => true,
+            FirePhase::InFlight { until_ms, .. } => until_ms <= now,
+            FirePhase::Backoff { at_ms } => at_ms <= now,
+        };
+        if !reservable {
             return Ok(skip(SkipReason::NotDue));
         }
-        let now = self.ctx.now_ms;
         let mut new = record.clone();
         if fire.attempt >= record.retry.max_attempts.max(1) {
             let error = format!("gave up after {} deliveries: {}", fire.attempt, fire.last_error);
@@ -449,7 +474,7 @@ impl<T: TimerTable> Rules<'_, T> {
         fire.epoch = epoch;
         fire.attempt_index = self.ctx.index;
         fire.attempt_started_at_ms = now;
-        fire.phase = FirePhase::InFlight { since_ms: now, until_ms };
+        fire.phase = FirePhase::InFlight { since_ms: now, until_ms: until_ms.max(now.saturating_add(1)) };
         self.put(key, Some(&record), new.clone())?;
         Ok(CommandResult::Dispatch { record: new })
     }

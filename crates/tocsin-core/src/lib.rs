@@ -6,6 +6,8 @@
 //! - [`command`]: the commands a shard's Raft log carries;
 //! - [`apply`]: the pure, deterministic rules that apply a command to a
 //!   shard's state;
+//! - [`fire`]: the shard leader's fire-loop decisions (what to load, what
+//!   to fire, what to re-read), as a pure state machine over the wheel;
 //! - [`routing`]: key → shard (jump hash over xxh3) and shard → nodes (a
 //!   token ring);
 //! - [`backoff`]: the retry schedule;
@@ -21,6 +23,7 @@ pub mod apply;
 pub mod backoff;
 pub mod cluster;
 pub mod command;
+pub mod fire;
 pub mod limits;
 pub mod mem_table;
 pub mod routing;
@@ -36,6 +39,9 @@ pub use command::CommandResult;
 pub use command::Proposal;
 pub use limits::Limits;
 pub use timer::Callback;
+pub use timer::Due;
+pub use timer::DueKind;
+pub use timer::DuePos;
 pub use timer::FirePhase;
 pub use timer::FireRecord;
 pub use timer::FireTime;

@@ -53,9 +53,13 @@ impl Default for Limits {
             max_past_skew_ms: 60_000,
             max_horizon_ms: 2 * 365 * 24 * 3600 * 1000,
             retention_ms: 7 * 24 * 3600 * 1000,
-            default_max_attempts: 10,
+            // With no policy given, a timer keeps trying for at least a day: the
+            // backoff doubles from 1 s to 10 min (each wait is a random point of
+            // [d/2, d]), so 300 attempts take at least ~25 h. A receiver outage
+            // of hours costs retries, not timers.
+            default_max_attempts: 300,
             default_initial_backoff_ms: 1_000,
-            default_max_backoff_ms: 300_000,
+            default_max_backoff_ms: 600_000,
         }
     }
 }

@@ -9,10 +9,41 @@ use serde::Serialize;
 use xxhash_rust::xxh3::Xxh3;
 
 /// A timer's name: unique within its namespace, chosen by the client.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+///
+/// Keys are ordered exactly as the store encodes them (`ns length · namespace
+/// · id`, see `tocsin-store`'s `keys.rs`): by namespace length, then
+/// namespace bytes, then id bytes. Every ordered structure over keys (the
+/// fire-time index, the fire loop's cursor into it, the in-memory reference
+/// table) therefore agrees with the index on disk; a property test in the
+/// store checks the encoding against this `Ord`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TimerKey {
     pub namespace: String,
     pub id: String,
+}
+
+impl Ord for TimerKey {
+    fn cmp(&self, other: &Self) -> std::cmp::Ordering {
+        (self.namespace.len(), self.namespace.as_bytes(), self.id.as_bytes()).cmp(&(
+            other.namespace.len(),
+            other.namespace.as_bytes(),
+            other.id.as_bytes(),
+        ))
+    }
+}
+
+impl PartialOrd for TimerKey {
+    fn partial_cmp(&self, other: &Self) -> Option<std::cmp::Ordering> {
+        Some(self.cmp(other))
+    }
+}
+
+/// A position in a shard's fire-time index: the due time, then the key.
+/// Ordered as the index is (see [`TimerKey`]'s `Ord`).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DuePos {
+    pub due_ms: u64,
+    pub key: TimerKey,
 }
 
 impl TimerKey {
@@ -150,18 +181,58 @@ impl TimerState {
 }
 
 /// Where a firing timer's delivery stands. Each phase says when the shard
-/// leader must look at the timer next (its key in the fire-time index).
+/// leader must look at the timer next: its key in the fire-time index (see
+/// [`TimerRecord::due`]). Nothing about an unfinished timer lives only in a
+/// leader's memory: if an attempt's outcome is never recorded (a lost
+/// reply, a dropped task, a consumer that vanished), its deadline comes and
+/// the leader starts the next attempt.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum FirePhase {
-    /// An attempt started at `since_ms` and has no recorded result. The
-    /// leader that started it tracks it itself; a *new* leader finds it due
-    /// (since it is in the past) and delivers again at once: at-least-once.
-    /// `until_ms` is the pull reservation's end, or the webhook's timeout.
+    /// An attempt started at `since_ms` and has no recorded result.
+    /// `until_ms` is its deadline: the webhook's timeout, or the pull
+    /// reservation's end. The timer is indexed at `until_ms`. A new leader
+    /// redelivers an earlier leader's webhook attempt at once
+    /// (at-least-once), but honours a pull reservation until it runs out.
     InFlight { since_ms: u64, until_ms: u64 },
     /// The last attempt failed; the next one is due at `at_ms`.
     Backoff { at_ms: u64 },
-    /// A pull timer waiting for a consumer since `since_ms`.
+    /// A pull timer waiting for a consumer since `since_ms`: indexed then,
+    /// so a new leader offers it at once.
     Ready { since_ms: u64 },
+}
+
+/// What the shard leader must do when a timer's index entry comes due: the
+/// value stored with its fire-time index entry, so the leader can tell
+/// without reading the record.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DueKind {
+    /// A scheduled timer: fire it.
+    Fire,
+    /// An attempt's deadline: a webhook attempt (`webhook`) or a pull
+    /// reservation started under `epoch`. Without a recorded outcome by
+    /// then, the leader starts the next attempt.
+    Attempt { epoch: u64, webhook: bool },
+    /// The end of a backoff: the next attempt.
+    Retry,
+    /// A pull timer waiting for a consumer: offer it.
+    Ready,
+}
+
+/// A timer's entry in the fire-time index: when, and what for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct Due {
+    pub at_ms: u64,
+    pub kind: DueKind,
+}
+
+impl Due {
+    /// Whether a leader under `epoch` acts on this entry at once rather than
+    /// at `at_ms`: a webhook attempt an earlier leader started and may never
+    /// have sent is redelivered now (at-least-once) instead of waiting for
+    /// its deadline.
+    pub fn adopt_now(&self, epoch: u64) -> bool {
+        matches!(self.kind, DueKind::Attempt { epoch: started, webhook: true } if started < epoch)
+    }
 }
 
 /// The facts about a fired timer's delivery.
@@ -218,18 +289,28 @@ pub struct TimerRecord {
 }
 
 impl TimerRecord {
-    /// When the shard leader must next look at this timer: the key of its
-    /// entry in the fire-time index. `None` for terminal timers.
-    pub fn due_ms(&self) -> Option<u64> {
+    /// When the shard leader must next look at this timer, and why: its
+    /// entry in the fire-time index. `None` for terminal timers; every
+    /// unfinished timer has one (**the** invariant of the firing path).
+    pub fn due(&self) -> Option<Due> {
         match self.state {
-            TimerState::Scheduled => Some(self.fire_at_ms),
+            TimerState::Scheduled => Some(Due { at_ms: self.fire_at_ms, kind: DueKind::Fire }),
             TimerState::Firing => self.fire.as_ref().map(|f| match f.phase {
-                FirePhase::InFlight { since_ms, .. } => since_ms,
-                FirePhase::Backoff { at_ms } => at_ms,
-                FirePhase::Ready { since_ms } => since_ms,
+                FirePhase::InFlight { until_ms, .. } => Due {
+                    at_ms: until_ms,
+                    kind: DueKind::Attempt { epoch: f.epoch, webhook: !self.callback.is_pull() },
+                },
+                FirePhase::Backoff { at_ms } => Due { at_ms, kind: DueKind::Retry },
+                FirePhase::Ready { since_ms } => Due { at_ms: since_ms, kind: DueKind::Ready },
             }),
             TimerState::Delivered | TimerState::Dead | TimerState::Cancelled => None,
         }
+    }
+
+    /// The time of [`due`](Self::due): the key of the timer's entry in the
+    /// fire-time index.
+    pub fn due_ms(&self) -> Option<u64> {
+        self.due().map(|d| d.at_ms)
     }
 
     /// When a terminal timer may be purged: the key of its entry in the

@@ -266,9 +266,13 @@ mod tests {
     fn retry_defaults() {
         let limits = Limits::default();
         let eff = effective_retry(&RetryPolicy::default(), &limits);
-        assert_eq!(eff.max_attempts, 10);
+        assert_eq!(eff.max_attempts, 300);
         assert_eq!(eff.initial_backoff_ms, 1000);
-        assert_eq!(eff.max_backoff_ms, 300_000);
+        assert_eq!(eff.max_backoff_ms, 600_000);
+        // The defaults keep a timer trying for at least 24 hours: the sum of the
+        // shortest waits (half of each backoff) before attempt 300.
+        let shortest_ms: u64 = (1..eff.max_attempts).map(|a| crate::backoff::backoff_ms(&eff, a, 0.0)).sum();
+        assert!(shortest_ms >= 24 * 3600 * 1000, "{shortest_ms} ms");
         let eff = effective_retry(&RetryPolicy { initial_backoff_ms: 900_000, ..Default::default() }, &limits);
         assert!(eff.max_backoff_ms >= eff.initial_backoff_ms);
         assert!(check_retry(&RetryPolicy { max_attempts: 5000, ..Default::default() }).is_err());

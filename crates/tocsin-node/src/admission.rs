@@ -63,6 +63,11 @@ impl Admission {
         admission
     }
 
+    /// Whether free disk is below the watermark (creates are refused).
+    pub fn disk_low(&self) -> bool {
+        self.disk_low.load(Ordering::Relaxed)
+    }
+
     pub fn free_disk_bytes(&self) -> u64 {
         self.free_bytes.load(Ordering::Relaxed)
     }

@@ -69,6 +69,20 @@ pub fn healthy_voters(raft: &Raft, node_id: u64) -> Vec<u64> {
         .collect()
 }
 
+/// Nodes (voters or learners) of a group this node leads that acknowledged
+/// a heartbeat in the last second.
+pub fn answering_nodes(raft: &Raft) -> std::collections::BTreeSet<u64> {
+    let m = raft.metrics().borrow_watched().clone();
+    let heartbeats = m.heartbeat.clone().unwrap_or_default();
+    heartbeats
+        .iter()
+        .filter(|(_, t)| {
+            t.as_ref().is_some_and(|t| openraft::Instant::elapsed(&(*t).into_inner()) < Duration::from_secs(1))
+        })
+        .map(|(id, _)| *id)
+        .collect()
+}
+
 /// Runs the balancer until the node stops.
 pub async fn run(node: Arc<NodeState>) {
     let mut last_move: BTreeMap<ShardId, Instant> = BTreeMap::new();
@@ -114,6 +128,10 @@ pub async fn run(node: Arc<NodeState>) {
                 continue;
             }
             if !healthy_voters(&ctx.raft, ctx.node_id).contains(&want) {
+                continue;
+            }
+            if node.clock.peer_is_off(want) {
+                // Its clock is off: it would not fire, and hands leaderships back.
                 continue;
             }
             tracing::info!(shard = ctx.shard, to = want, "handing leadership to the preferred node");
@@ -171,6 +189,72 @@ pub async fn hand_over_all(node: &NodeState, timeout: Duration) {
             && tokio::time::Instant::now() < deadline
         {
             tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+}
+
+/// Keeps a node that should not lead out of leadership:
+/// - one whose clock is off (see `clock.rs`): while its peers see its wall
+///   clock off by more than `max_clock_offset_ms`, it fires nothing (the fire
+///   loops and delivery ask the clock themselves), hands over every
+///   leadership it holds, and does not campaign;
+/// - one whose free disk is below the watermark: it refuses creates, so it
+///   hands its leaderships to replicas that can take them (it still
+///   campaigns: if every node is short of disk, someone must lead).
+///
+/// Also exports the clock's metrics.
+pub async fn watch_health(node: Arc<NodeState>) {
+    let mut was_unsafe = false;
+    let mut last_handover: BTreeMap<u64, Instant> = BTreeMap::new();
+    loop {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        if node.shutting_down() {
+            return;
+        }
+        let status = node.clock.status();
+        if let Some(offset_ms) = node.clock.median_offset_ms() {
+            metrics::gauge!("tocsin_clock_offset_seconds").set(offset_ms as f64 / 1000.0);
+        }
+        for (peer, offset_ms) in node.clock.peer_offsets_ms() {
+            metrics::gauge!("tocsin_clock_peer_offset_seconds", "peer" => peer.to_string())
+                .set(offset_ms as f64 / 1000.0);
+        }
+        let jumped = matches!(status, crate::clock::ClockStatus::Jumped { .. });
+        metrics::gauge!("tocsin_clock_jumped").set(if jumped { 1.0 } else { 0.0 });
+        let is_unsafe = matches!(status, crate::clock::ClockStatus::Unsafe { .. });
+        metrics::gauge!("tocsin_clock_unsafe").set(if is_unsafe { 1.0 } else { 0.0 });
+        if is_unsafe != was_unsafe {
+            if is_unsafe {
+                tracing::error!(
+                    ?status,
+                    "this node's clock is off from its peers: no firing, handing leaderships over"
+                );
+            } else {
+                tracing::warn!("this node's clock agrees with its peers again: firing and campaigning resume");
+            }
+            was_unsafe = is_unsafe;
+        }
+        let disk_low = node.admission.disk_low();
+        let groups = node.groups.all();
+        for (group, raft) in &groups {
+            // Not campaigning while off; groups hosted since are covered on the
+            // next round.
+            raft.runtime_config().elect(!is_unsafe);
+            if !(is_unsafe || disk_low) || raft.metrics().borrow_watched().current_leader != Some(node.node_id) {
+                continue;
+            }
+            // A disk-low node whose peers are short of disk too would get the
+            // leadership back: not more often than this.
+            let cooldown = if is_unsafe { Duration::from_millis(500) } else { Duration::from_secs(5) };
+            if last_handover.get(group).is_some_and(|t| t.elapsed() < cooldown) {
+                continue;
+            }
+            if let Some(to) = healthy_voters(raft, node.node_id).first() {
+                let why = if is_unsafe { "this node's clock is off" } else { "this node's free disk is low" };
+                tracing::warn!(group, to, why, "handing leadership over");
+                last_handover.insert(*group, Instant::now());
+                let _ = raft.trigger().transfer_leader(*to).await;
+            }
         }
     }
 }

@@ -51,6 +51,11 @@ pub struct NodeConfig {
     pub namespaces: BTreeMap<String, NamespaceConfig>,
     /// Log filter, as `RUST_LOG` (which takes precedence).
     pub log: String,
+    /// How far this node's wall clock may be from its peers' (measured over
+    /// Raft round trips) before it stops firing and hands its leaderships
+    /// over; also the largest wall-clock step it follows without asking
+    /// its peers (see `clock.rs`).
+    pub max_clock_offset_ms: u64,
 }
 
 impl Default for NodeConfig {
@@ -73,6 +78,7 @@ impl Default for NodeConfig {
             admission: AdmissionConfig::default(),
             namespaces: BTreeMap::new(),
             log: "info".into(),
+            max_clock_offset_ms: 500,
         }
     }
 }
@@ -126,6 +132,12 @@ pub struct FiringConfig {
     pub fire_batch: usize,
     /// Purge finished timers past retention this often.
     pub purge_interval_ms: u64,
+    /// Retries (after a backoff, or an attempt's deadline) a shard's leader
+    /// starts per second per namespace; 0: unlimited. First fires are never
+    /// held back. Cluster-wide a namespace retries at most about this times
+    /// the number of shards per second, so the backlog a receiver outage
+    /// leaves drains without starving other namespaces.
+    pub retries_per_namespace_per_sec: u32,
 }
 
 impl Default for FiringConfig {
@@ -136,6 +148,7 @@ impl Default for FiringConfig {
             max_wheel_entries: 1_000_000,
             fire_batch: 1_000,
             purge_interval_ms: 10_000,
+            retries_per_namespace_per_sec: 50,
         }
     }
 }
@@ -237,6 +250,10 @@ impl NodeConfig {
         };
         for (name, value) in env {
             let Some(rest) = name.strip_prefix("TOCSIN_") else { continue };
+            // Test hooks (`TOCSIN_TEST_CLOCK_OFFSET_FILE`), not settings.
+            if rest.starts_with("TEST_") {
+                continue;
+            }
             let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
             set_path(&mut doc, &path, parse_scalar(&value));
         }
@@ -272,6 +289,9 @@ impl NodeConfig {
         }
         if self.firing.fire_batch == 0 || self.firing.load_page == 0 {
             return invalid("firing.fire_batch", "batches must not be empty");
+        }
+        if !(20..=60_000).contains(&self.max_clock_offset_ms) {
+            return invalid("max_clock_offset_ms", "must be between 20 and 60000");
         }
         if self.replication_factor == 0 {
             return invalid("replication_factor", "must be at least 1");

@@ -1,91 +1,218 @@
-//! How a shard leader's wheel hears about timers that moved.
+//! How a shard leader's fire loop hears about the applied log.
 //!
-//! After an entry is applied, the proposer turns each result that changed a
-//! timer's place in the fire-time index into a [`WheelEvent`] and offers it
-//! to the shard's [`EventSink`]. The leader task, while it runs, drains the
-//! sink in order with its own index scans, which is what makes "loaded or
-//! announced" exhaustive (see `leader.rs`). With no leader task attached,
-//! events are dropped: a leader that starts later scans the index anyway.
+//! The shard's state machine calls [`EventSink::applied`] (it is the
+//! group's `ApplyObserver`) once a batch of entries is durable, in log
+//! order, whoever proposed them and whether or not anyone still waits for
+//! them. The sink hands each entry's fire-time index changes, and the
+//! timers its `Fire` commands dispatched, to the leader task attached to
+//! it. With no task attached (a follower) nothing is kept: a leader that
+//! starts later reads the index anyway.
+//!
+//! The queue is bounded by the number of changes it holds. When an entry
+//! does not fit, it is dropped and the sink remembers that it overflowed:
+//! the leader then reads the index again from the start, and a dispatch
+//! that was lost that way is redelivered at its attempt's deadline. Nothing
+//! depends on an event arriving, only on how soon.
 
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 
 use tocsin_core::Command;
 use tocsin_core::CommandResult;
 use tocsin_core::TimerKey;
+use tocsin_core::TimerRecord;
+use tocsin_core::fire::IndexChange;
+use tocsin_store::AppliedEntry;
+use tocsin_store::ApplyObserver;
 use tokio::sync::mpsc;
 
-/// A timer's new place in the fire-time index, as far as the wheel cares.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum WheelEvent {
-    /// The leader must look at `key` at `due_ms`.
-    Due { key: TimerKey, due_ms: u64 },
-    /// `key` needs no wheel entry (finished, or an attempt is in flight).
-    Gone { key: TimerKey },
+/// Most changes and dispatches queued for a leader task.
+pub const EVENT_QUEUE: usize = 65_536;
+
+/// A timer a `Fire` dispatched.
+#[derive(Debug)]
+pub struct Dispatched {
+    pub key: TimerKey,
+    pub record: TimerRecord,
+    /// The epoch of the `Fire` command.
+    pub epoch: u64,
 }
 
-/// Capacity of the channel from the proposer to the leader task.
-pub const EVENT_QUEUE: usize = 65_536;
+/// What one applied entry means to the shard's leader.
+#[derive(Debug)]
+pub struct Applied {
+    /// The entry's log index.
+    pub index: u64,
+    /// Timers whose fire-time index entry moved.
+    pub changes: Vec<IndexChange>,
+    /// Timers whose `Fire` started an attempt or made them ready, as the
+    /// entry left them, with the epoch the `Fire` was proposed under (a pull
+    /// timer made ready again keeps the epoch of its last reservation).
+    pub dispatches: Vec<Dispatched>,
+}
+
+impl Applied {
+    fn weight(&self) -> usize {
+        (self.changes.len() + self.dispatches.len()).max(1)
+    }
+}
+
+struct Attached {
+    generation: u64,
+    tx: mpsc::UnboundedSender<Applied>,
+    /// Changes and dispatches queued for this task and not yet taken.
+    queued: Arc<AtomicUsize>,
+}
 
 /// The per-shard mailbox the leader task attaches to.
 #[derive(Default)]
 pub struct EventSink {
-    tx: Mutex<Option<mpsc::Sender<WheelEvent>>>,
-    /// Set when an event could not be queued: the leader must rescan.
+    attached: Mutex<Option<Attached>>,
+    generations: AtomicU64,
+    /// Set when something could not be queued: the leader must rescan.
     overflowed: AtomicBool,
 }
 
+/// A leader task's end of the mailbox.
+pub struct Events {
+    pub generation: u64,
+    rx: mpsc::UnboundedReceiver<Applied>,
+    queued: Arc<AtomicUsize>,
+}
+
+impl Events {
+    pub async fn recv(&mut self) -> Option<Applied> {
+        let applied = self.rx.recv().await?;
+        self.queued.fetch_sub(applied.weight(), Ordering::SeqCst);
+        Some(applied)
+    }
+
+    pub fn try_recv(&mut self) -> Option<Applied> {
+        let applied = self.rx.try_recv().ok()?;
+        self.queued.fetch_sub(applied.weight(), Ordering::SeqCst);
+        Some(applied)
+    }
+}
+
 impl EventSink {
-    /// Attaches a new leader task and returns its receiving end.
-    pub fn attach(&self) -> mpsc::Receiver<WheelEvent> {
-        let (tx, rx) = mpsc::channel(EVENT_QUEUE);
-        *self.tx.lock().expect("sink lock") = Some(tx);
+    /// Attaches a new leader task (replacing any earlier one) and returns its
+    /// end of the mailbox.
+    pub fn attach(&self) -> Events {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let generation = self.generations.fetch_add(1, Ordering::SeqCst) + 1;
+        let queued = Arc::new(AtomicUsize::new(0));
+        *self.attached.lock().expect("sink lock") = Some(Attached { generation, tx, queued: queued.clone() });
         self.overflowed.store(false, Ordering::SeqCst);
-        rx
+        Events { generation, rx, queued }
     }
 
-    pub fn detach(&self) {
-        *self.tx.lock().expect("sink lock") = None;
+    /// Detaches the task that attached as `generation`, and only that one: a
+    /// task that ends after its successor attached must not leave the
+    /// successor deaf.
+    pub fn detach(&self, generation: u64) {
+        let mut attached = self.attached.lock().expect("sink lock");
+        if attached.as_ref().is_some_and(|a| a.generation == generation) {
+            *attached = None;
+        }
     }
 
-    /// Asks the leader to rescan the fire-time index (something it offered
-    /// could not be kept).
+    /// Asks the leader to rescan the fire-time index (something it handed
+    /// on could not be kept).
     pub fn mark_overflow(&self) {
         self.overflowed.store(true, Ordering::SeqCst);
     }
 
-    /// Whether events were lost since the last call (and clears the flag).
+    /// Whether anything was lost since the last call (and clears the flag).
     pub fn take_overflow(&self) -> bool {
         self.overflowed.swap(false, Ordering::SeqCst)
     }
+}
 
-    /// Derives events from one applied entry's commands and results.
-    pub fn observe(&self, commands: &[Command], results: &[CommandResult]) {
-        let guard = self.tx.lock().expect("sink lock");
-        let Some(tx) = guard.as_ref() else { return };
-        for (command, result) in commands.iter().zip(results) {
-            let Some(event) = event_for(command, result) else { continue };
-            if tx.try_send(event).is_err() {
+impl ApplyObserver for EventSink {
+    fn applied(&self, entries: &[AppliedEntry<'_>]) {
+        let attached = self.attached.lock().expect("sink lock");
+        let Some(attached) = attached.as_ref() else { return };
+        for entry in entries {
+            let dispatches: Vec<Dispatched> = entry
+                .commands
+                .iter()
+                .zip(entry.results)
+                .filter_map(|(command, result)| match (command, result) {
+                    (Command::Fire { key, epoch, .. }, CommandResult::Dispatch { record }) => {
+                        Some(Dispatched { key: key.clone(), record: record.clone(), epoch: *epoch })
+                    }
+                    _ => None,
+                })
+                .collect();
+            if entry.changes.is_empty() && dispatches.is_empty() {
+                continue;
+            }
+            let applied = Applied { index: entry.index, changes: entry.changes.to_vec(), dispatches };
+            let weight = applied.weight();
+            if attached.queued.fetch_add(weight, Ordering::SeqCst) + weight > EVENT_QUEUE {
+                attached.queued.fetch_sub(weight, Ordering::SeqCst);
                 self.overflowed.store(true, Ordering::SeqCst);
+                metrics::counter!("tocsin_wheel_event_overflows_total").increment(1);
+                continue;
+            }
+            if attached.tx.send(applied).is_err() {
+                attached.queued.fetch_sub(weight, Ordering::SeqCst);
             }
         }
     }
 }
 
-/// The wheel event an applied command implies, if any. A `Fire` or
-/// `Reserve` result goes straight to whoever proposed it, not here.
-pub fn event_for(command: &Command, result: &CommandResult) -> Option<WheelEvent> {
-    let key = command.key()?.clone();
-    match result {
-        CommandResult::Created { record, created: true } | CommandResult::Rescheduled { record } => {
-            Some(WheelEvent::Due { key, due_ms: record.fire_at_ms })
-        }
-        CommandResult::Recorded { record } => Some(match record.due_ms() {
-            Some(due_ms) => WheelEvent::Due { key, due_ms },
-            None => WheelEvent::Gone { key },
-        }),
-        CommandResult::Cancelled { .. } | CommandResult::Dead { .. } => Some(WheelEvent::Gone { key }),
-        _ => None,
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tocsin_core::Due;
+    use tocsin_core::DueKind;
+
+    fn entry_changes(key: &TimerKey) -> Vec<IndexChange> {
+        vec![IndexChange { key: key.clone(), due: Some(Due { at_ms: 5, kind: DueKind::Fire }) }]
+    }
+
+    /// Finding 7: a leader task restarted on a new term attaches before the
+    /// old one's guard detaches; the late detach must not leave the new task
+    /// deaf.
+    #[tokio::test]
+    async fn a_late_detach_of_an_old_task_leaves_the_new_one_attached() {
+        let sink = EventSink::default();
+        let old = sink.attach();
+        let mut new = sink.attach();
+        sink.detach(old.generation);
+        let key = TimerKey::new("ns", "a");
+        let changes = entry_changes(&key);
+        sink.applied(&[AppliedEntry { index: 7, commands: &[], results: &[], changes: &changes }]);
+        let got = new.try_recv().expect("the new task still hears the applied log");
+        assert_eq!((got.index, got.changes.len()), (7, 1));
+        // Its own detach does detach it.
+        sink.detach(new.generation);
+        sink.applied(&[AppliedEntry { index: 8, commands: &[], results: &[], changes: &changes }]);
+        assert!(new.try_recv().is_none());
+    }
+
+    #[tokio::test]
+    async fn entries_arrive_in_log_order_and_overflow_is_flagged() {
+        let sink = EventSink::default();
+        let mut events = sink.attach();
+        let key = TimerKey::new("ns", "a");
+        let changes = entry_changes(&key);
+        let entries: Vec<AppliedEntry<'_>> =
+            (1..=3).map(|index| AppliedEntry { index, commands: &[], results: &[], changes: &changes }).collect();
+        sink.applied(&entries);
+        let order: Vec<u64> = std::iter::from_fn(|| events.try_recv()).map(|a| a.index).collect();
+        assert_eq!(order, vec![1, 2, 3]);
+        assert!(!sink.take_overflow());
+        // More than the queue holds: dropped, and the leader is told to rescan.
+        let many: Vec<IndexChange> =
+            (0..EVENT_QUEUE + 1).map(|i| IndexChange { key: TimerKey::new("ns", i.to_string()), due: None }).collect();
+        sink.applied(&[AppliedEntry { index: 4, commands: &[], results: &[], changes: &many }]);
+        assert!(events.try_recv().is_none());
+        assert!(sink.take_overflow());
     }
 }

@@ -1,52 +1,67 @@
 //! The shard leader's fire loop: only the leader of a shard runs one.
 //!
-//! On becoming leader (openraft's `on_leader_change`), the task:
-//! 1. proposes a `LeaderEpoch` entry and waits until it is applied: its log
+//! On becoming leader (openraft's metrics say so), the task:
+//! 1. attaches to the shard's [`EventSink`](crate::events::EventSink), so it
+//!    hears about every entry applied from then on;
+//! 2. proposes a `LeaderEpoch` entry and waits until it is applied: its log
 //!    index is the fencing epoch, and every cancel committed under earlier
 //!    leaders is applied by then;
-//! 2. rebuilds the wheel from the fire-time index: overdue timers first
-//!    (including attempts an earlier leader left in flight, redelivered at
-//!    once), then the hot window;
-//! 3. loops: timers leaving the wheel are proposed as batched `Fire`
-//!    commands; each applied `Dispatch` goes to delivery, which re-checks the
-//!    lease before sending.
+//! 3. runs [`FireCore`], the pure state machine that decides what to load,
+//!    what to fire and what to re-read, and carries out its actions: pages
+//!    of the fire-time index (on the blocking pool), batches of `Fire`
+//!    proposals, re-reads of single timers.
 //!
-//! **The hot window.** Only timers due before `cursor` (about now + 60 s)
-//! are in the wheel. The loader pages the index forward in bounded pages;
-//! applied changes arrive as [`WheelEvent`]s and are taken only if they fall
-//! before the cursor. Events and pages are handled by this one task in
-//! order, and an event is produced only after its entry is durably applied,
-//! so every timer is either found by a later page or announced by an event:
-//! none falls between the two.
+//! Everything the loop needs is in replicated state. Every unfinished timer
+//! sits in the fire-time index under the time this leader must act on it
+//! next (its fire time, an attempt's deadline, a backoff's end), and the
+//! loop follows the applied log in log order whether or not any caller
+//! still waits. A `Fire` whose reply is lost is found again in the log or
+//! re-read; an attempt whose outcome is lost comes due at its deadline. So
+//! a lost reply, task or stream costs bounded lateness, never a timer.
+//!
+//! Dispatching follows the applied log too: when an entry's `Fire` starts a
+//! webhook attempt or makes a pull timer ready, delivery gets it from the
+//! applied entry, not from the proposer's reply.
 //!
 //! On step-down the task is aborted at once; deliveries in flight notice
-//! through [`ShardCtx::may_dispatch`].
+//! through [`ShardCtx::may_dispatch`]. A node whose clock is off fires
+//! nothing (`clock.rs`).
 
 use openraft::async_runtime::WatchReceiver as _;
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tocsin_core::Command;
 use tocsin_core::CommandResult;
+use tocsin_core::Due;
 use tocsin_core::TimerKey;
-use tocsin_core::command::SkipReason;
-use tocsin_wheel::Handle;
-use tocsin_wheel::Wheel;
+use tocsin_core::fire::Action;
+use tocsin_core::fire::FireConfig;
+use tocsin_core::fire::FireCore;
+use tocsin_core::fire::FireOutcome;
+use tocsin_core::fire::LoadFrom;
+use tocsin_store::DuePage;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::clock;
 use crate::delivery::Dispatcher;
-use crate::events::WheelEvent;
+use crate::events::Applied;
+use crate::events::Events;
 use crate::proposer::ProposeError;
 use crate::shard::Leadership;
 use crate::shard::ShardCtx;
 
-/// Fire batches proposed and not yet applied, per shard.
+/// Fire batches proposed and not yet answered, per shard.
 const MAX_FIRE_BATCHES_IN_FLIGHT: usize = 4;
-/// How often the loader extends the window when nothing else wakes the task.
-const LOADER_TICK: Duration = Duration::from_millis(500);
+/// How often the loop looks when nothing wakes it (loads the window
+/// forward, purges, publishes gauges).
+const TICK: Duration = Duration::from_millis(500);
+/// After an unknown outcome or a `NotDue`, a timer's next `Fire` waits this
+/// long.
+const RETRY_DELAY_MS: u64 = 50;
+/// Least time between two rescans of the whole index after lost events: a
+/// persistently full pull queue must not become a loop of full scans.
+const RESCAN_EVERY: Duration = Duration::from_secs(5);
 
 /// A running leader task.
 pub struct LeaderTask {
@@ -88,6 +103,8 @@ pub async fn supervise(ctx: Arc<ShardCtx>, dispatcher: Arc<Dispatcher>) {
                 None
             }
             (true, Some((t, t_term))) if t_term != term || t.is_finished() => {
+                // The old task's guard detaches only its own attachment (by
+                // generation), however late the abort takes effect.
                 t.stop();
                 ctx.set_leadership(Leadership::Follower);
                 Some((LeaderTask::spawn(ctx.clone(), dispatcher.clone()), term))
@@ -109,66 +126,49 @@ pub async fn supervise(ctx: Arc<ShardCtx>, dispatcher: Arc<Dispatcher>) {
     }
 }
 
-/// Where the loader stands in the fire-time index.
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum Cursor {
-    /// Every entry due before this time has been loaded.
-    Before(u64),
-    /// Every entry up to and including `(due, key)` has been loaded.
-    After(u64, TimerKey),
-}
-
-impl Cursor {
-    fn covers(&self, due_ms: u64, key: &TimerKey) -> bool {
-        match self {
-            Cursor::Before(t) => due_ms < *t,
-            Cursor::After(t, k) => (due_ms, key) <= (*t, k),
-        }
-    }
-}
-
-/// Keys re-entering the wheel after a fire batch (not due yet, or outcome
-/// unknown).
-struct BatchDone {
-    reinsert: Vec<(TimerKey, u64)>,
-    deposed: bool,
-}
-
 async fn run(ctx: Arc<ShardCtx>, dispatcher: Arc<Dispatcher>) {
     let events = ctx.events.attach();
-    let Some(epoch) = establish(&ctx).await else {
-        ctx.events.detach();
-        return;
-    };
+    let _guard = Guard { ctx: ctx.clone(), generation: events.generation };
+    let Some(epoch) = establish(&ctx).await else { return };
     tracing::info!(shard = ctx.shard, epoch, "leading shard");
     metrics::counter!("tocsin_leader_changes_total", "shard" => ctx.shard.to_string()).increment(1);
     ctx.set_leadership(Leadership::Leading { epoch });
-    let guard = Guard { ctx: ctx.clone() };
     tokio::spawn(refresh_own_address(ctx.clone()));
+    let firing = &ctx.config.firing;
+    let config = FireConfig {
+        hot_window_ms: firing.hot_window_ms,
+        load_page: firing.load_page,
+        max_tracked: firing.max_wheel_entries,
+        retry_delay_ms: RETRY_DELAY_MS,
+        retries_per_namespace_per_sec: firing.retries_per_namespace_per_sec,
+    };
+    let now = ctx.clock.now_ms();
+    let (io_tx, io_rx) = mpsc::unbounded_channel();
     let mut lp = FireLoop {
+        core: FireCore::new(config, epoch, now),
         ctx: ctx.clone(),
         dispatcher,
         epoch,
-        wheel: Wheel::new(clock::now_ms()),
-        handles: HashMap::new(),
-        cursor: Cursor::Before(0),
-        in_flight: 0,
+        io_tx,
+        batches_in_flight: 0,
+        rereads: Vec::new(),
         first_fire_logged: false,
-        started_ms: clock::now_ms(),
+        started_ms: now,
     };
-    lp.run(events).await;
-    drop(guard);
+    lp.run(events, io_rx).await;
 }
 
-/// Resets leadership when the task ends or is aborted.
+/// Resets leadership and detaches from the events when the task ends or is
+/// aborted.
 struct Guard {
     ctx: Arc<ShardCtx>,
+    generation: u64,
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
         self.ctx.set_leadership(Leadership::Follower);
-        self.ctx.events.detach();
+        self.ctx.events.detach(self.generation);
         metrics::gauge!("tocsin_wheel_entries", "shard" => self.ctx.shard.to_string()).set(0.0);
     }
 }
@@ -177,7 +177,6 @@ impl Drop for Guard {
 /// advertises (it was restarted on another port, say), records the new one,
 /// so peers and clients find it.
 async fn refresh_own_address(ctx: Arc<ShardCtx>) {
-    use openraft::async_runtime::WatchReceiver as _;
     let want =
         tocsin_store::NodeAddr { grpc_addr: ctx.config.grpc_advertise(), http_addr: ctx.config.http_advertise() };
     let current = ctx.raft.metrics().borrow_watched().membership_config.membership().get_node(&ctx.node_id).cloned();
@@ -194,6 +193,12 @@ async fn refresh_own_address(ctx: Arc<ShardCtx>) {
 /// Commits this leader's `LeaderEpoch` entry; its index is the epoch.
 async fn establish(ctx: &ShardCtx) -> Option<u64> {
     for attempt in 0..20 {
+        if !ctx.clock.is_safe() {
+            // A node whose clock is off does not take up firing (it is handing
+            // its leaderships over).
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
         match ctx.proposer.propose(Command::LeaderEpoch { leader: ctx.node_id }).await {
             Ok((_, CommandResult::Epoch { epoch, leader })) if leader == ctx.node_id => return Some(epoch),
             Ok((_, other)) => {
@@ -210,249 +215,280 @@ async fn establish(ctx: &ShardCtx) -> Option<u64> {
     None
 }
 
+/// What the loop's I/O tasks report back.
+enum Io {
+    Page {
+        page: DuePage,
+        before_ms: u64,
+    },
+    Reread {
+        applied_index: u64,
+        dues: Vec<(TimerKey, Option<Due>)>,
+    },
+    Fired {
+        outcomes: Vec<(TimerKey, u64, FireOutcome)>,
+    },
+    /// The store failed: the group is stopping.
+    Failed(String),
+}
+
 struct FireLoop {
+    core: FireCore,
     ctx: Arc<ShardCtx>,
     dispatcher: Arc<Dispatcher>,
     epoch: u64,
-    wheel: Wheel<TimerKey>,
-    /// Wheel handle and due time of every key in the wheel.
-    handles: HashMap<TimerKey, (Handle, u64)>,
-    cursor: Cursor,
-    in_flight: usize,
+    io_tx: mpsc::UnboundedSender<Io>,
+    batches_in_flight: usize,
+    /// Re-reads asked for since the last flush: read together on the
+    /// blocking pool.
+    rereads: Vec<TimerKey>,
     first_fire_logged: bool,
     started_ms: u64,
 }
 
 impl FireLoop {
-    async fn run(&mut self, mut events: mpsc::Receiver<WheelEvent>) {
-        let (done_tx, mut done_rx) = mpsc::channel::<BatchDone>(MAX_FIRE_BATCHES_IN_FLIGHT * 2);
+    async fn run(&mut self, mut events: Events, mut io: mpsc::UnboundedReceiver<Io>) {
         let purge_every = Duration::from_millis(self.ctx.config.firing.purge_interval_ms);
         let mut next_purge = tokio::time::Instant::now() + purge_every;
         let mut next_rescan = tokio::time::Instant::now();
         loop {
-            // Rescans are throttled: a persistently full pull queue must not turn
-            // into a loop of full index scans.
             if tokio::time::Instant::now() >= next_rescan && self.ctx.events.take_overflow() {
-                next_rescan = tokio::time::Instant::now() + Duration::from_secs(5);
-                tracing::warn!(shard = self.ctx.shard, "wheel events overflowed; rescanning the fire-time index");
-                self.cursor = Cursor::Before(0);
+                next_rescan = tokio::time::Instant::now() + RESCAN_EVERY;
+                tracing::warn!(shard = self.ctx.shard, "wheel events were lost; reading the fire-time index again");
+                self.core.on_overflow();
             }
-            while let Ok(event) = events.try_recv() {
-                self.on_event(event);
+            while let Some(applied) = events.try_recv() {
+                self.on_applied(applied);
             }
-            if !self.load().await {
+            while let Ok(done) = io.try_recv() {
+                if !self.on_io(done) {
+                    return;
+                }
+            }
+            if !self.act() {
                 return;
             }
-            self.fire(&done_tx);
             if tokio::time::Instant::now() >= next_purge {
                 self.purge().await;
                 next_purge = tokio::time::Instant::now() + purge_every;
             }
             self.publish_gauges();
 
-            let now = clock::now_ms();
-            let wake_ms = match self.wheel.next_poll_ms() {
-                Some(at) if self.in_flight < MAX_FIRE_BATCHES_IN_FLIGHT => {
-                    at.saturating_sub(now).min(LOADER_TICK.as_millis() as u64)
+            let now = self.ctx.clock.now_ms();
+            let wake_ms = match self.core.next_wake_ms() {
+                Some(at) if self.batches_in_flight < MAX_FIRE_BATCHES_IN_FLIGHT => {
+                    at.saturating_sub(now).min(TICK.as_millis() as u64)
                 }
-                _ => LOADER_TICK.as_millis() as u64,
+                _ => TICK.as_millis() as u64,
             };
-            let sleep = tokio::time::sleep(Duration::from_millis(wake_ms));
             tokio::select! {
-                event = events.recv() => match event {
-                    Some(event) => self.on_event(event),
+                applied = events.recv() => match applied {
+                    Some(applied) => self.on_applied(applied),
                     None => return,
                 },
-                done = done_rx.recv() => {
-                    if let Some(done) = done {
-                        self.in_flight -= 1;
-                        if done.deposed {
-                            tracing::info!(shard = self.ctx.shard, epoch = self.epoch, "fenced by a newer epoch; stopping");
-                            return;
+                done = io.recv() => match done {
+                    Some(done) => if !self.on_io(done) { return },
+                    None => return,
+                },
+                _ = tokio::time::sleep(Duration::from_millis(wake_ms)) => {}
+            }
+        }
+    }
+
+    /// One applied entry: its index changes go to the core, its dispatches
+    /// to delivery.
+    fn on_applied(&mut self, applied: Applied) {
+        // Entries up to this leader's epoch entry are reflected in every page
+        // it reads (the first page is read after the epoch is applied).
+        if applied.index <= self.epoch {
+            return;
+        }
+        for change in applied.changes {
+            self.core.on_change(applied.index, change);
+        }
+        for d in applied.dispatches {
+            // Only this leader's own fires (apply accepts a `Fire` only under the
+            // shard's current epoch, so after this leader's epoch entry every one
+            // is; the check keeps it so).
+            if d.epoch == self.epoch {
+                self.dispatcher.dispatch(&self.ctx, self.epoch, d.key, d.record);
+            }
+        }
+    }
+
+    /// Feeds one I/O result to the core. Returns false if the loop must stop.
+    fn on_io(&mut self, done: Io) -> bool {
+        let now = self.ctx.clock.now_ms();
+        match done {
+            Io::Page { page, before_ms } => self.core.on_page(page.applied_index, page.entries, before_ms),
+            Io::Reread { applied_index, dues } => {
+                for (key, due) in dues {
+                    self.core.on_reread(key, due, applied_index, now);
+                }
+            }
+            Io::Fired { outcomes } => {
+                self.batches_in_flight -= 1;
+                for (key, due_ms, outcome) in outcomes {
+                    match self.core.on_fire_outcome(key, due_ms, outcome, now) {
+                        Some(Action::Stop) => {
+                            tracing::info!(
+                                shard = self.ctx.shard,
+                                epoch = self.epoch,
+                                "deposed by a newer epoch; stopping"
+                            );
+                            return false;
                         }
-                        for (key, due) in done.reinsert {
-                            self.insert(key, due);
-                        }
+                        Some(Action::Reread(key)) => self.rereads.push(key),
+                        Some(other) => unreachable!("a fire outcome asks only to stop or re-read, not {other:?}"),
+                        None => {}
                     }
                 }
-                _ = sleep => {}
+            }
+            Io::Failed(error) => {
+                tracing::error!(shard = self.ctx.shard, error, "reading the fire-time index failed; stopping");
+                return false;
             }
         }
+        true
     }
 
-    fn insert(&mut self, key: TimerKey, due_ms: u64) {
-        if let Some((handle, due)) = self.handles.get(&key) {
-            if *due == due_ms {
-                return;
+    /// Asks the core what to do now and starts it. Returns false if the loop
+    /// must stop.
+    fn act(&mut self) -> bool {
+        let now = self.ctx.clock.now_ms();
+        let batch = self.ctx.config.firing.fire_batch;
+        // A node whose clock is off loads but fires nothing.
+        let budget = if self.ctx.clock.is_safe() {
+            MAX_FIRE_BATCHES_IN_FLIGHT.saturating_sub(self.batches_in_flight) * batch
+        } else {
+            0
+        };
+        for action in self.core.poll(now, budget, batch) {
+            match action {
+                Action::Load { from, before_ms, limit } => self.load(from, before_ms, limit),
+                Action::Fire(fires) => self.fire(fires, now),
+                Action::Reread(key) => self.rereads.push(key),
+                Action::Stop => return false,
             }
-            self.wheel.cancel(*handle);
         }
-        match self.wheel.insert(due_ms, key.clone()) {
-            Ok(handle) => {
-                self.handles.insert(key, (handle, due_ms));
-            }
-            Err(e) => tracing::error!(shard = self.ctx.shard, %key, due_ms, error = %e, "timer does not fit the wheel"),
-        }
+        self.flush_rereads();
+        true
     }
 
-    fn remove(&mut self, key: &TimerKey) {
-        if let Some((handle, _)) = self.handles.remove(key) {
-            self.wheel.cancel(handle);
-        }
+    fn load(&self, from: LoadFrom, before_ms: u64, limit: usize) {
+        let store = self.ctx.store.clone();
+        let group = self.ctx.group;
+        let tx = self.io_tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let done = match store.due_page(group, &from, before_ms, limit) {
+                Ok(page) => Io::Page { page, before_ms },
+                Err(e) => Io::Failed(e.to_string()),
+            };
+            let _ = tx.send(done);
+        });
     }
 
-    fn on_event(&mut self, event: WheelEvent) {
-        match event {
-            WheelEvent::Due { key, due_ms } => {
-                if self.cursor.covers(due_ms, &key) {
-                    self.insert(key, due_ms);
-                } else {
-                    // The loader will find it; a stale nearer entry must go.
-                    self.remove(&key);
+    fn flush_rereads(&mut self) {
+        if self.rereads.is_empty() {
+            return;
+        }
+        let keys = std::mem::take(&mut self.rereads);
+        metrics::counter!("tocsin_fire_rereads_total").increment(keys.len() as u64);
+        let store = self.ctx.store.clone();
+        let group = self.ctx.group;
+        let tx = self.io_tx.clone();
+        tokio::task::spawn_blocking(move || {
+            // One applied index for all: the lowest any read saw, so none of
+            // them claims to be newer than it is.
+            let mut applied_index = u64::MAX;
+            let mut dues = Vec::with_capacity(keys.len());
+            for key in keys {
+                match store.read_due(group, &key) {
+                    Ok((applied, due)) => {
+                        applied_index = applied_index.min(applied);
+                        dues.push((key, due));
+                    }
+                    Err(e) => {
+                        let _ = tx.send(Io::Failed(e.to_string()));
+                        return;
+                    }
                 }
             }
-            WheelEvent::Gone { key } => self.remove(&key),
-        }
+            let _ = tx.send(Io::Reread { applied_index, dues });
+        });
     }
 
-    /// Pages the fire-time index into the wheel up to now + the hot window.
-    /// Returns false if the store failed (the group is then stopping).
-    async fn load(&mut self) -> bool {
+    /// Proposes one batch of `Fire` commands; the outcomes come back as
+    /// [`Io::Fired`]. What they start is dispatched from the applied log.
+    fn fire(&mut self, fires: Vec<(TimerKey, u64)>, now: u64) {
+        if !self.first_fire_logged {
+            self.first_fire_logged = true;
+            tracing::info!(
+                shard = self.ctx.shard,
+                epoch = self.epoch,
+                ms_since_leading = now.saturating_sub(self.started_ms),
+                "first fire batch"
+            );
+        }
+        for (_, due) in &fires {
+            // How late the wheel hands a timer over (before any Raft work).
+            metrics::histogram!("tocsin_wheel_poll_lag_seconds").record(now.saturating_sub(*due) as f64 / 1000.0);
+        }
+        self.batches_in_flight += 1;
         let ctx = self.ctx.clone();
-        let firing = &ctx.config.firing;
-        loop {
-            let bound = clock::now_ms() + firing.hot_window_ms;
-            let done = match &self.cursor {
-                Cursor::Before(t) => *t >= bound,
-                Cursor::After(..) => false,
-            };
-            if done || self.wheel.len() >= firing.max_wheel_entries {
-                return true;
+        let epoch = self.epoch;
+        let tx = self.io_tx.clone();
+        let timeout_ms = ctx.config.delivery.webhook_timeout_ms;
+        tokio::spawn(async move {
+            let commands: Vec<Command> = fires
+                .iter()
+                .map(|(key, due)| Command::Fire { key: key.clone(), due_ms: *due, epoch, timeout_ms })
+                .collect();
+            let mut results = ctx.proposer.propose_all(commands).await;
+            if crate::fault::hit("leader::fire_reply").await.is_some() {
+                // A test loses this batch's outcomes (the entries apply anyway).
+                results.iter_mut().for_each(|r| *r = Err(ProposeError::Timeout));
             }
-            let store = self.ctx.store.clone();
-            let group = self.ctx.group;
-            let cursor = self.cursor.clone();
-            let limit = firing.load_page;
-            let page = tokio::task::spawn_blocking(move || match cursor {
-                Cursor::Before(t) => store.scan_due(group, t, bound, limit),
-                Cursor::After(t, key) => store.scan_due_after(group, t, &key, bound, limit),
-            })
-            .await;
-            let page = match page {
-                Ok(Ok(page)) => page,
-                Ok(Err(e)) => {
-                    tracing::error!(shard = self.ctx.shard, error = %e, "scanning the fire-time index failed");
-                    return false;
-                }
-                Err(e) => {
-                    tracing::error!(shard = self.ctx.shard, error = %e, "loader task failed");
-                    return false;
-                }
-            };
-            let full = page.len() >= limit;
-            let last = page.last().cloned();
-            for (due, key) in page {
-                self.insert(key, due);
-            }
-            self.cursor = match (full, last) {
-                (true, Some((due, key))) => Cursor::After(due, key),
-                _ => Cursor::Before(bound),
-            };
-            if !full {
-                return true;
-            }
-        }
-    }
-
-    /// Proposes a batch of `Fire`s for the timers now due.
-    fn fire(&mut self, done_tx: &mpsc::Sender<BatchDone>) {
-        while self.in_flight < MAX_FIRE_BATCHES_IN_FLIGHT {
-            let now = clock::now_ms();
-            let mut batch = Vec::new();
-            while batch.len() < self.ctx.config.firing.fire_batch {
-                let Some((due, key)) = self.wheel.poll(now) else { break };
-                self.handles.remove(&key);
-                // How late the wheel hands a timer over (before any Raft work).
-                metrics::histogram!("tocsin_wheel_poll_lag_seconds").record(now.saturating_sub(due) as f64 / 1000.0);
-                batch.push((key, due));
-            }
-            if batch.is_empty() {
-                return;
-            }
-            if !self.first_fire_logged {
-                self.first_fire_logged = true;
-                tracing::info!(
-                    shard = self.ctx.shard,
-                    epoch = self.epoch,
-                    ms_since_leading = now.saturating_sub(self.started_ms),
-                    "first fire batch"
-                );
-            }
-            self.in_flight += 1;
-            let ctx = self.ctx.clone();
-            let dispatcher = self.dispatcher.clone();
-            let epoch = self.epoch;
-            let done_tx = done_tx.clone();
-            tokio::spawn(async move {
-                let done = fire_batch(&ctx, &dispatcher, epoch, batch).await;
-                let _ = done_tx.send(done).await;
-            });
-        }
+            let outcomes = fires
+                .into_iter()
+                .zip(results)
+                .map(|((key, due), result)| {
+                    let outcome = match result {
+                        Ok((index, result)) => FireOutcome::applied(index, &result),
+                        Err(ProposeError::NotLeader { .. }) => FireOutcome::NotLeader,
+                        Err(_) => FireOutcome::Unknown,
+                    };
+                    (key, due, outcome)
+                })
+                .collect();
+            let _ = tx.send(Io::Fired { outcomes });
+        });
     }
 
     async fn purge(&mut self) {
         let store = self.ctx.store.clone();
         let group = self.ctx.group;
-        let now = clock::now_ms();
+        let now = self.ctx.clock.now_ms();
         let expired = tokio::task::spawn_blocking(move || store.scan_expired(group, now, 1000)).await;
         if let Ok(Ok(keys)) = expired
             && !keys.is_empty()
         {
             let n = keys.len();
-            if let Ok((_, CommandResult::Purged { count })) = self.ctx.proposer.propose(Command::Purge { keys }).await {
-                tracing::debug!(shard = self.ctx.shard, count, of = n, "purged finished timers past retention");
-            }
+            let ctx = self.ctx.clone();
+            // In its own task: a slow commit must not hold up firing.
+            tokio::spawn(async move {
+                if let Ok((_, CommandResult::Purged { count })) = ctx.proposer.propose(Command::Purge { keys }).await {
+                    tracing::debug!(shard = ctx.shard, count, of = n, "purged finished timers past retention");
+                }
+            });
         }
     }
 
     fn publish_gauges(&self) {
         let shard = self.ctx.shard.to_string();
-        metrics::gauge!("tocsin_wheel_entries", "shard" => shard.clone()).set(self.wheel.len() as f64);
-        let lag_ms = match &self.cursor {
-            Cursor::Before(t) => (clock::now_ms() + self.ctx.config.firing.hot_window_ms).saturating_sub(*t),
-            Cursor::After(t, _) => (clock::now_ms() + self.ctx.config.firing.hot_window_ms).saturating_sub(*t),
-        };
+        metrics::gauge!("tocsin_wheel_entries", "shard" => shard.clone()).set(self.core.in_wheel() as f64);
+        let lag_ms = (self.ctx.clock.now_ms() + self.ctx.config.firing.hot_window_ms)
+            .saturating_sub(self.core.loaded_until_ms());
         metrics::gauge!("tocsin_loader_lag_seconds", "shard" => shard).set(lag_ms as f64 / 1000.0);
     }
-}
-
-/// Proposes one batch of `Fire` commands and dispatches what they start.
-async fn fire_batch(
-    ctx: &Arc<ShardCtx>,
-    dispatcher: &Dispatcher,
-    epoch: u64,
-    batch: Vec<(TimerKey, u64)>,
-) -> BatchDone {
-    let timeout_ms = ctx.config.delivery.webhook_timeout_ms;
-    let commands: Vec<Command> =
-        batch.iter().map(|(key, due)| Command::Fire { key: key.clone(), due_ms: *due, epoch, timeout_ms }).collect();
-    let results = ctx.proposer.propose_all(commands).await;
-    let mut done = BatchDone { reinsert: Vec::new(), deposed: false };
-    for ((key, due), result) in batch.into_iter().zip(results) {
-        match result {
-            Ok((_, CommandResult::Dispatch { record })) => dispatcher.dispatch(ctx, epoch, key, record),
-            Ok((_, CommandResult::Skipped { reason: SkipReason::NotDue })) => done.reinsert.push((key, due)),
-            Ok((_, CommandResult::Skipped { reason: SkipReason::StaleEpoch })) => done.deposed = true,
-            Ok((_, CommandResult::Dead { .. } | CommandResult::Skipped { .. })) => {}
-            Ok((_, other)) => tracing::error!(shard = ctx.shard, %key, ?other, "unexpected fire result"),
-            Err(ProposeError::NotLeader { .. }) => done.deposed = true,
-            // Unknown outcome: look again; apply skips a fire that already happened.
-            Err(_) => done.reinsert.push((key, due)),
-        }
-    }
-    if !done.reinsert.is_empty() {
-        // Back off before the same timers are proposed again.
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    done
 }

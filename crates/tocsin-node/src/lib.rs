@@ -26,7 +26,9 @@
 //! - [`balance`]: spreading leaderships, handing them over on shutdown;
 //! - [`admission`]: rate and disk limits;
 //! - [`json`]: JSON forms of API messages and deliveries;
-//! - [`clock`]: the only wall-clock reads.
+//! - [`clock`]: the only wall-clock reads, and the guard against a clock
+//!   that jumps or drifts from the peers';
+//! - [`fault`]: fault points for tests (compiled out of release builds).
 
 pub mod admission;
 pub mod api;
@@ -35,6 +37,7 @@ pub mod clock;
 pub mod config;
 pub mod delivery;
 pub mod events;
+pub mod fault;
 pub mod forward;
 pub mod json;
 pub mod leader;

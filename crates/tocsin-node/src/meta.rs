@@ -213,7 +213,7 @@ async fn propose_here(node: &NodeState, cmd: ClusterCommand) -> Result<(ClusterO
     let Some(ctx) = node.meta().filter(|c| c.is_leader()) else {
         return Err(ApiError::unavailable("this node does not lead the metadata group", 100));
     };
-    let proposal = Proposal { now_ms: crate::clock::now_ms(), commands: vec![Command::Cluster(cmd)] };
+    let proposal = Proposal { now_ms: node.clock.now_ms(), commands: vec![Command::Cluster(cmd)] };
     let resp = tokio::time::timeout(META_RPC_TIMEOUT, ctx.raft.client_write(proposal))
         .await
         .map_err(|_| ApiError::unavailable("the metadata group did not commit in time; the outcome is unknown", 500))?
@@ -425,7 +425,10 @@ pub async fn drive(node: &Arc<NodeState>, view: &ClusterView) {
     let current: Vec<u64> = m.membership_config.membership().voter_ids().collect();
     let joint = m.membership_config.membership().get_joint_config().len() > 1;
     let want = tocsin_core::cluster::metadata_voters(&map, &current);
-    if (want != current || joint) && !ctx.changing.swap(true, Ordering::SeqCst) {
+    // Learners left over from a change a leader change cut short (voters left
+    // out stay learners until they are released).
+    let strays = m.membership_config.membership().learner_ids().any(|id| !want.contains(&id));
+    if (want != current || joint || strays) && !ctx.changing.swap(true, Ordering::SeqCst) {
         let target: BTreeMap<u64, NodeAddr> = want
             .iter()
             .filter_map(|id| {

@@ -34,6 +34,7 @@ use crate::admission::Admission;
 use crate::api::admin::AdminApi;
 use crate::api::error::ApiError;
 use crate::api::timers::TimerApi;
+use crate::clock::Clock;
 use crate::config::NodeConfig;
 use crate::delivery::Dispatcher;
 use crate::delivery::pull::PullHub;
@@ -76,6 +77,8 @@ pub struct NodeState {
     pub config: Arc<NodeConfig>,
     pub node_id: u64,
     pub self_addr: NodeAddr,
+    /// The node's guarded wall clock (`clock.rs`): every time a timer sees.
+    pub clock: Arc<Clock>,
     pub store: Arc<Store>,
     /// Hosted shards; replicas come and go as memberships change.
     pub shards: ShardTable,
@@ -240,18 +243,19 @@ impl NodeState {
     async fn open_shard(self: &Arc<Self>, shard: ShardId) -> Result<Arc<ShardCtx>, StartError> {
         let group = u64::from(shard);
         let log = LogStore::new(self.store.clone(), group);
-        let sm = StateMachine::open(self.store.clone(), group)
+        // The fire loop follows the applied log through this sink.
+        let events = Arc::new(EventSink::default());
+        let sm = StateMachine::open_observed(self.store.clone(), group, Some(events.clone()))
             .await
             .map_err(|e| StartError::Raft { group, message: e.to_string() })?;
         let network = NetworkFactory::new(self.router.clone(), group);
         let raft = Raft::new(self.node_id, self.raft_config.clone(), network, log, sm)
             .await
             .map_err(|e| StartError::Raft { group, message: e.to_string() })?;
-        let events = Arc::new(EventSink::default());
         let proposer = Proposer::start(
             raft.clone(),
             self.node_id,
-            events.clone(),
+            self.clock.clone(),
             self.config.admission.proposal_queue,
             Duration::from_millis(self.config.admission.request_timeout_ms),
         );
@@ -261,8 +265,11 @@ impl NodeState {
             raft.clone(),
             proposer,
             events,
-            self.store.clone(),
-            self.config.clone(),
+            crate::shard::ShardEnv {
+                store: self.store.clone(),
+                config: self.config.clone(),
+                clock: self.clock.clone(),
+            },
         ));
         self.groups.insert(group, raft);
         self.shards.insert(ctx.clone());
@@ -488,7 +495,8 @@ impl Node {
                 false,
             ),
         };
-        let router = Router::new(node_id, Duration::from_millis(config.raft.rpc_timeout_ms));
+        let clock = Clock::system(config.max_clock_offset_ms);
+        let router = Router::new(node_id, Duration::from_millis(config.raft.rpc_timeout_ms), clock.clone());
         for (id, grpc, _) in &members {
             if *id != node_id {
                 router.set_addr(*id, grpc);
@@ -499,6 +507,7 @@ impl Node {
             config: config.clone(),
             node_id,
             self_addr: self_addr.clone(),
+            clock: clock.clone(),
             store: store.clone(),
             shards: ShardTable::default(),
             groups: Groups::default(),
@@ -573,8 +582,11 @@ impl Node {
             state.persist_hosted(true).await?;
         }
 
-        let supervisors =
-            vec![tokio::spawn(crate::balance::run(state.clone())), tokio::spawn(crate::reconcile::run(state.clone()))];
+        let supervisors = vec![
+            tokio::spawn(crate::balance::run(state.clone())),
+            tokio::spawn(crate::reconcile::run(state.clone())),
+            tokio::spawn(crate::balance::watch_health(state.clone())),
+        ];
         tracing::info!(node_id, %grpc_addr, %http_addr, shards = config.num_shards, hosted = hosted.len(), metadata = host_meta, data = %config.data_dir.display(), "node started");
         Ok(Node { state, grpc_addr, http_addr, shutdown, servers, supervisors })
     }
@@ -634,10 +646,13 @@ async fn serve_grpc(
     let admin = pb::admin_service_server::AdminServiceServer::new(AdminApi::new(state.clone()));
     let replicas =
         pb::replica_control_server::ReplicaControlServer::new(crate::replicas::ReplicaService::new(state.clone()));
-    let transport =
-        pb::raft_transport_server::RaftTransportServer::new(TransportService::new(state.groups.clone(), spool))
-            .max_decoding_message_size(64 << 20)
-            .max_encoding_message_size(64 << 20);
+    let transport = pb::raft_transport_server::RaftTransportServer::new(TransportService::new(
+        state.groups.clone(),
+        spool,
+        state.clock.clone(),
+    ))
+    .max_decoding_message_size(64 << 20)
+    .max_encoding_message_size(64 << 20);
     // Small request/response RPCs must not wait on Nagle's algorithm (40 ms
     // with a delayed ACK); tonic's own nodelay setting only covers listeners
     // it binds itself.

@@ -554,13 +554,15 @@ async fn sweep(node: &Arc<NodeState>, gone: u64) {
         if voters.is_empty() || voters.contains(&gone) {
             continue;
         }
-        let req = pb::ReleaseShardRequest { shard: s.shard, voters, metadata: false };
+        // The node releases only what its own committed membership no longer
+        // counts it a voter of.
+        let req = pb::ReleaseShardRequest { shard: s.shard, metadata: false, membership_index: 0 };
         if let Err(e) = client.release_shard(req).await {
             tracing::warn!(shard = s.shard, node = gone, error = %e.message(), "sweeping a left-over replica");
         }
     }
     if info.metadata.is_some_and(|m| m.hosted && !m.voters.contains(&gone)) {
-        let req = pb::ReleaseShardRequest { shard: 0, voters: Vec::new(), metadata: true };
+        let req = pb::ReleaseShardRequest { shard: 0, metadata: true, membership_index: 0 };
         if let Err(e) = client.release_shard(req).await {
             tracing::warn!(node = gone, error = %e.message(), "sweeping a left-over metadata replica");
         }

@@ -7,9 +7,13 @@
 //! as one entry; while that entry commits, the next batch gathers. A few
 //! entries are kept in flight so the log's group commit stays busy.
 //!
-//! When the entry is applied each caller gets its own command's result, and
-//! the shard's [`EventSink`] hears about every change that moves a timer in
-//! the fire-time index, so the leader's wheel follows.
+//! When the entry is applied each caller gets its own command's result. The
+//! leader's wheel does not depend on these replies: it follows the applied
+//! log itself (the state machine tells the shard's `EventSink`), so a reply
+//! that times out or is dropped loses no timer.
+//!
+//! Stamps never go backwards: each entry carries at least the time of the
+//! one before it (apply enforces the same over leader changes).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -23,8 +27,7 @@ use tokio::sync::Semaphore;
 use tokio::sync::mpsc;
 use tokio::sync::oneshot;
 
-use crate::clock;
-use crate::events::EventSink;
+use crate::clock::Clock;
 
 /// Most commands in one entry.
 pub const MAX_COMMANDS_PER_ENTRY: usize = 2_048;
@@ -83,9 +86,9 @@ pub struct Proposer {
 
 impl Proposer {
     /// Starts the proposer task for `raft`.
-    pub fn start(raft: Raft, node_id: u64, events: Arc<EventSink>, queue: usize, timeout: Duration) -> Proposer {
+    pub fn start(raft: Raft, node_id: u64, clock: Arc<Clock>, queue: usize, timeout: Duration) -> Proposer {
         let (tx, rx) = mpsc::channel(queue.max(1));
-        tokio::spawn(run(raft.clone(), events, rx, timeout));
+        tokio::spawn(run(raft.clone(), clock, rx, timeout));
         Proposer { tx, timeout, raft, node_id }
     }
 
@@ -150,7 +153,9 @@ impl Proposer {
     async fn wait(&self, rx: oneshot::Receiver<Applied>) -> Applied {
         match tokio::time::timeout(self.timeout, rx).await {
             Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(ProposeError::Fatal("proposer dropped the request".into())),
+            // The reply was lost (the entry's task ended without answering):
+            // like a timeout, the command may or may not be applied.
+            Ok(Err(_)) => Err(ProposeError::Timeout),
             Err(_) => Err(ProposeError::Timeout),
         }
     }
@@ -167,8 +172,9 @@ fn command_size(command: &Command) -> usize {
     }
 }
 
-async fn run(raft: Raft, events: Arc<EventSink>, mut rx: mpsc::Receiver<Pending>, timeout: Duration) {
+async fn run(raft: Raft, clock: Arc<Clock>, mut rx: mpsc::Receiver<Pending>, timeout: Duration) {
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
+    let mut last_stamp_ms = 0u64;
     while let Some(first) = rx.recv().await {
         let Ok(permit) = in_flight.clone().acquire_owned().await else { return };
         let mut bytes = first.size;
@@ -183,7 +189,8 @@ async fn run(raft: Raft, events: Arc<EventSink>, mut rx: mpsc::Receiver<Pending>
             }
         }
         let raft = raft.clone();
-        let events = events.clone();
+        let now_ms = clock.now_ms().max(last_stamp_ms);
+        last_stamp_ms = now_ms;
         // How long the oldest command waited for an entry to carry it.
         let queued = batch[0].submitted.elapsed();
         metrics::histogram!("tocsin_propose_queue_seconds").record(queued.as_secs_f64());
@@ -191,26 +198,28 @@ async fn run(raft: Raft, events: Arc<EventSink>, mut rx: mpsc::Receiver<Pending>
         tokio::spawn(async move {
             let (commands, waiters): (Vec<Command>, Vec<oneshot::Sender<Applied>>) =
                 batch.into_iter().map(|p| (p.command, p.done)).unzip();
-            let proposal = Proposal { now_ms: clock::now_ms(), commands };
-            let commands = proposal.commands.clone();
+            let proposal = Proposal { now_ms, commands };
             let writing = std::time::Instant::now();
             let result = tokio::time::timeout(timeout, raft.client_write(proposal)).await;
             // Append, replicate to a quorum, commit and apply.
             metrics::histogram!("tocsin_raft_write_seconds").record(writing.elapsed().as_secs_f64());
             drop(permit);
+            // A test can delay the replies, or lose them: the entry is applied
+            // either way, and the waiters see a timeout.
+            if crate::fault::hit("proposer::reply").await.is_some() {
+                return;
+            }
             match result {
                 Ok(Ok(resp)) => {
                     let index = resp.log_id.index;
                     let results = resp.data.results;
-                    if results.len() != waiters.len() {
-                        tracing::error!(
-                            index,
-                            got = results.len(),
-                            want = waiters.len(),
-                            "apply returned the wrong number of results"
-                        );
-                    }
-                    events.observe(&commands, &results);
+                    assert_eq!(
+                        results.len(),
+                        waiters.len(),
+                        "apply of entry {index} returned {} results for {} commands",
+                        results.len(),
+                        waiters.len()
+                    );
                     for (waiter, result) in waiters.into_iter().zip(results) {
                         let _ = waiter.send(Ok((index, result)));
                     }

@@ -41,6 +41,7 @@ use tocsin_store::Vote;
 use tonic::transport::Channel;
 use tonic::transport::Endpoint;
 
+use crate::clock::Clock;
 use crate::config::RaftTuning;
 
 type C = TypeConfig;
@@ -101,17 +102,20 @@ pub struct Router {
 struct RouterInner {
     node_id: u64,
     rpc_timeout: Duration,
+    /// Measures this node's clock offset to each peer from the replies.
+    clock: Arc<Clock>,
     peers: RwLock<HashMap<u64, (String, RaftTransportClient<Channel>)>>,
     /// Snapshot bytes sent per group: the progress of a replica catching up.
     snapshot_bytes: RwLock<HashMap<GroupId, u64>>,
 }
 
 impl Router {
-    pub fn new(node_id: u64, rpc_timeout: Duration) -> Router {
+    pub fn new(node_id: u64, rpc_timeout: Duration, clock: Arc<Clock>) -> Router {
         Router {
             inner: Arc::new(RouterInner {
                 node_id,
                 rpc_timeout,
+                clock,
                 peers: RwLock::new(HashMap::new()),
                 snapshot_bytes: RwLock::new(HashMap::new()),
             }),
@@ -192,10 +196,23 @@ fn reply_to<T: DeserializeOwned>(reply: pb::RaftReply) -> Result<T, RPCError<C>>
 macro_rules! unary_rpc {
     ($self:ident, $target:ident, $group:ident, $option:ident, $method:ident, $msg:ident, $rpc:expr) => {{
         let mut client = $self.client($target)?;
-        let request = pb::$msg { group_id: $group, from_node: $self.inner.node_id, payload: encode(&$rpc).into() };
+        if crate::fault::hit(&format!("raft::to::{}", $target)).await.is_some() {
+            return Err(RPCError::Unreachable(Unreachable::from_string("dropped by a fault point")));
+        }
+        let (sent_wall_ms, sent) = ($self.inner.clock.wall_ms(), std::time::Instant::now());
+        let request = pb::$msg {
+            group_id: $group,
+            from_node: $self.inner.node_id,
+            payload: encode(&$rpc).into(),
+            sent_at_ms: sent_wall_ms,
+        };
         let deadline = $self.deadline(&$option);
         match tokio::time::timeout(deadline, client.$method(request)).await {
-            Ok(Ok(resp)) => reply_to(resp.into_inner()),
+            Ok(Ok(resp)) => {
+                let resp = resp.into_inner();
+                $self.inner.clock.record_peer($target, sent_wall_ms, sent, resp.replied_at_ms);
+                reply_to(resp)
+            }
             Ok(Err(status)) => Err(status_to_rpc(status)),
             Err(_) => Err(RPCError::Unreachable(Unreachable::from_string(format!(
                 "{} to node {} timed out after {deadline:?}",
@@ -370,11 +387,13 @@ pub struct TransportService {
     groups: Groups,
     /// Where incoming snapshot streams are spooled.
     spool_dir: std::path::PathBuf,
+    /// Every reply carries this node's wall clock (peers measure offsets).
+    clock: Arc<Clock>,
 }
 
 impl TransportService {
-    pub fn new(groups: Groups, spool_dir: std::path::PathBuf) -> TransportService {
-        TransportService { groups, spool_dir }
+    pub fn new(groups: Groups, spool_dir: std::path::PathBuf, clock: Arc<Clock>) -> TransportService {
+        TransportService { groups, spool_dir, clock }
     }
 
     fn group(&self, group_id: GroupId) -> Result<Raft, pb::RaftReply> {
@@ -382,15 +401,21 @@ impl TransportService {
             payload: Default::default(),
             error: String::new(),
             unknown_group: true,
+            replied_at_ms: self.clock.wall_ms(),
         })
     }
-}
 
-fn reply<T: Serialize, E: std::fmt::Display>(result: Result<T, E>) -> tonic::Response<pb::RaftReply> {
-    tonic::Response::new(match result {
-        Ok(v) => pb::RaftReply { payload: encode(&v).into(), error: String::new(), unknown_group: false },
-        Err(e) => pb::RaftReply { payload: Default::default(), error: e.to_string(), unknown_group: false },
-    })
+    fn reply<T: Serialize, E: std::fmt::Display>(&self, result: Result<T, E>) -> tonic::Response<pb::RaftReply> {
+        let replied_at_ms = self.clock.wall_ms();
+        tonic::Response::new(match result {
+            Ok(v) => {
+                pb::RaftReply { payload: encode(&v).into(), error: String::new(), unknown_group: false, replied_at_ms }
+            }
+            Err(e) => {
+                pb::RaftReply { payload: Default::default(), error: e.to_string(), unknown_group: false, replied_at_ms }
+            }
+        })
+    }
 }
 
 fn bad_payload(e: String) -> tonic::Status {
@@ -404,12 +429,13 @@ impl pb::raft_transport_server::RaftTransport for TransportService {
         request: tonic::Request<pb::AppendEntriesRpc>,
     ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
         let req = request.into_inner();
+        self.clock.record_incoming(req.from_node, req.sent_at_ms);
         let raft = match self.group(req.group_id) {
             Ok(r) => r,
             Err(reply) => return Ok(tonic::Response::new(reply)),
         };
         let rpc: AppendEntriesRequest<C> = decode(&req.payload).map_err(bad_payload)?;
-        Ok(reply(raft.append_entries(rpc).await))
+        Ok(self.reply(raft.append_entries(rpc).await))
     }
 
     async fn vote(
@@ -417,12 +443,13 @@ impl pb::raft_transport_server::RaftTransport for TransportService {
         request: tonic::Request<pb::VoteRpc>,
     ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
         let req = request.into_inner();
+        self.clock.record_incoming(req.from_node, req.sent_at_ms);
         let raft = match self.group(req.group_id) {
             Ok(r) => r,
             Err(reply) => return Ok(tonic::Response::new(reply)),
         };
         let rpc: VoteRequest<C> = decode(&req.payload).map_err(bad_payload)?;
-        Ok(reply(raft.vote(rpc).await))
+        Ok(self.reply(raft.vote(rpc).await))
     }
 
     async fn pre_vote(
@@ -430,12 +457,13 @@ impl pb::raft_transport_server::RaftTransport for TransportService {
         request: tonic::Request<pb::PreVoteRpc>,
     ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
         let req = request.into_inner();
+        self.clock.record_incoming(req.from_node, req.sent_at_ms);
         let raft = match self.group(req.group_id) {
             Ok(r) => r,
             Err(reply) => return Ok(tonic::Response::new(reply)),
         };
         let rpc: VoteRequest<C> = decode(&req.payload).map_err(bad_payload)?;
-        Ok(reply(raft.pre_vote(rpc).await))
+        Ok(self.reply(raft.pre_vote(rpc).await))
     }
 
     async fn transfer_leader(
@@ -443,12 +471,13 @@ impl pb::raft_transport_server::RaftTransport for TransportService {
         request: tonic::Request<pb::TransferLeaderRpc>,
     ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
         let req = request.into_inner();
+        self.clock.record_incoming(req.from_node, req.sent_at_ms);
         let raft = match self.group(req.group_id) {
             Ok(r) => r,
             Err(reply) => return Ok(tonic::Response::new(reply)),
         };
         let rpc: TransferLeaderRequest<C> = decode(&req.payload).map_err(bad_payload)?;
-        Ok(reply(raft.handle_transfer_leader(rpc).await))
+        Ok(self.reply(raft.handle_transfer_leader(rpc).await))
     }
 
     async fn install_snapshot(
@@ -466,7 +495,7 @@ impl pb::raft_transport_server::RaftTransport for TransportService {
         };
         let (vote, meta): (Vote, tocsin_store::SnapshotMeta) = decode(&first.header).map_err(bad_payload)?;
         std::fs::create_dir_all(&self.spool_dir).map_err(|e| tonic::Status::internal(e.to_string()))?;
-        let path = self.spool_dir.join(format!("incoming-{}-{}.snap", first.group_id, crate::clock::now_ms()));
+        let path = self.spool_dir.join(format!("incoming-{}-{}.snap", first.group_id, crate::clock::system_now_ms()));
         let mut file =
             std::io::BufWriter::new(std::fs::File::create(&path).map_err(|e| tonic::Status::internal(e.to_string()))?);
         let mut expected = 0u64;
@@ -500,6 +529,6 @@ impl pb::raft_transport_server::RaftTransport for TransportService {
             raft.install_full_snapshot(vote, openraft::alias::SnapshotOf::<C, SnapshotFile> { meta, snapshot }).await;
         // The state machine keeps its own copy; the spool file can go.
         let _ = std::fs::remove_file(&path);
-        Ok(reply(result))
+        Ok(self.reply(result))
     }
 }

@@ -126,13 +126,17 @@ fn maybe_move(node: &Arc<NodeState>, ctx: &Arc<ShardCtx>, map: &ClusterMap) {
         return;
     }
     let target = map.replicas(ctx.shard);
-    let voters: Vec<u64> = {
+    let (voters, strays) = {
         let m = ctx.raft.metrics().borrow_watched().clone();
-        let mut v: Vec<u64> = m.membership_config.membership().voter_ids().collect();
+        let membership = m.membership_config.membership();
+        let mut v: Vec<u64> = membership.voter_ids().collect();
         v.sort_unstable();
-        v
+        // Learners outside the target: voters a change left out (kept as
+        // learners until released), whose removal a leader change cut short.
+        let strays = membership.learner_ids().any(|id| !target.contains(&id));
+        (v, strays)
     };
-    if target.is_empty() || voters == target {
+    if target.is_empty() || (voters == target && !strays) {
         ctx.move_error.lock().expect("move error lock").0.clear();
         return;
     }

@@ -8,8 +8,13 @@
 //! 2. the leader adds it as a learner and waits until it has caught up,
 //!    by snapshot where the log was purged (`add_learner`, blocking);
 //! 3. one joint-consensus change makes the target set the voters
-//!    (`change_membership`), and the committed result is checked;
-//! 4. each node left out drops its replica and data (`ReleaseShard`).
+//!    (`change_membership`), keeping the voters left out as learners, and
+//!    the committed result is checked;
+//! 4. each node left out, once its own replica has learned that committed
+//!    membership, drops its replica and data (`ReleaseShard`): it decides
+//!    from its own committed membership, never from the caller's word, so
+//!    a release that arrives late, after the node was added back, deletes
+//!    nothing; then the leader removes those learners.
 //!
 //! Every step is idempotent, so an interrupted change (a leader killed
 //! between the joint and the uniform entry) is completed by carrying out
@@ -48,6 +53,9 @@ const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(300);
 const CONTROL_RPC_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a leader that is left out waits for its handover.
 const HANDOVER_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a replica left out may take to learn the committed change (the
+/// leader's wait for it to hold the entry, and its own wait for the commit).
+const LEARN_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A group whose voters change.
 #[derive(Clone)]
@@ -101,11 +109,10 @@ impl Group {
         }
     }
 
-    fn release_request(&self, voters: &BTreeSet<u64>) -> pb::ReleaseShardRequest {
-        let voters = voters.iter().copied().collect();
+    fn release_request(&self, membership_index: u64) -> pb::ReleaseShardRequest {
         match self {
-            Group::Shard(ctx) => pb::ReleaseShardRequest { shard: ctx.shard, voters, metadata: false },
-            Group::Meta(_) => pb::ReleaseShardRequest { shard: 0, voters, metadata: true },
+            Group::Shard(ctx) => pb::ReleaseShardRequest { shard: ctx.shard, metadata: false, membership_index },
+            Group::Meta(_) => pb::ReleaseShardRequest { shard: 0, metadata: true, membership_index },
         }
     }
 
@@ -176,13 +183,17 @@ pub async fn set_voters(
         let m = raft.metrics().borrow_watched().clone();
         let membership = m.membership_config.membership();
         let current = membership.voter_ids().collect::<BTreeSet<u64>>();
-        // Where the replicas left out live, read before the change drops
-        // them from the membership.
-        let left_out: BTreeMap<u64, NodeAddr> =
-            current.difference(&want).map(|id| (*id, membership.get_node(id).cloned().unwrap_or_default())).collect();
+        // Where the replicas left out live: voters the change drops, and
+        // learners an interrupted earlier change left behind.
+        let left_out: BTreeMap<u64, NodeAddr> = membership
+            .nodes()
+            .map(|(id, _)| *id)
+            .filter(|id| !want.contains(id))
+            .map(|id| (id, membership.get_node(&id).cloned().unwrap_or_default()))
+            .collect();
         (current, membership.get_joint_config().len() > 1, left_out)
     };
-    if current == want && !joint {
+    if current == want && !joint && left_out.is_empty() {
         return Ok(Changed::default());
     }
 
@@ -242,15 +253,20 @@ pub async fn set_voters(
         }
     }
 
-    tracing::info!(group = %name, from = ?current, to = ?want, "changing the voter set");
-    raft.change_membership(ChangeMembers::ReplaceAllVoters(want.clone()), false)
-        .await
-        .map_err(|e| group.raft_error("the membership change", e))?;
-    let (after, committed) = {
+    if current != want || joint {
+        tracing::info!(group = %name, from = ?current, to = ?want, "changing the voter set");
+        // The voters left out stay on as learners, so that they learn the
+        // committed change themselves before they are asked to drop their data.
+        raft.change_membership(ChangeMembers::ReplaceAllVoters(want.clone()), true)
+            .await
+            .map_err(|e| group.raft_error("the membership change", e))?;
+    }
+    let (after, committed, membership_index) = {
         let m = raft.metrics().borrow_watched().clone();
         let after: BTreeSet<u64> = m.membership_config.membership().voter_ids().collect();
         let uniform = m.membership_config.membership().get_joint_config().len() == 1;
-        (after, uniform && m.committed_membership_config.log_id() == m.membership_config.log_id())
+        let index = m.membership_config.log_id().as_ref().map_or(0, |l| l.index);
+        (after, uniform && m.committed_membership_config.log_id() == m.membership_config.log_id(), index)
     };
     if after != want || !committed {
         return Err(ApiError::Internal(format!(
@@ -258,14 +274,27 @@ pub async fn set_voters(
         )));
     }
 
-    // The replicas left out drop their data. A node that is down keeps its
-    // copy until it is decommissioned or wiped; it can no longer vote in
-    // this group.
+    // The replicas left out drop their data once they hold the committed
+    // change, then leave the membership. A node that is down keeps its copy
+    // until it is decommissioned or wiped (its own reconcile loop releases it
+    // when it sees the newer membership); it can no longer vote in this group.
     let self_left_out = left_out.remove(&node.node_id).is_some();
-    for (id, addr) in left_out {
-        if let Err(e) = release_on(&addr.grpc_addr, group.release_request(&want)).await {
+    let answering = crate::balance::answering_nodes(raft);
+    for (id, addr) in &left_out {
+        if !answering.contains(id) {
+            tracing::info!(group = %name, node = id, "not releasing the left-out replica: its node does not answer");
+            continue;
+        }
+        wait_matched(raft, *id, membership_index, LEARN_TIMEOUT).await;
+        if let Err(e) = release_on(&addr.grpc_addr, group.release_request(membership_index)).await {
             tracing::warn!(group = %name, node = id, error = %e, "could not release the left-out replica (node down?)");
         }
+    }
+    if !left_out.is_empty() {
+        let gone: BTreeSet<u64> = left_out.keys().copied().collect();
+        raft.change_membership(ChangeMembers::RemoveNodes(gone), false)
+            .await
+            .map_err(|e| group.raft_error("removing the left-out learners", e))?;
     }
     let bytes_streamed = node.router.snapshot_bytes(group.id()).saturating_sub(bytes_before);
     if self_left_out {
@@ -285,6 +314,24 @@ pub async fn set_voters(
     Ok(Changed { changed: true, bytes_streamed })
 }
 
+/// Waits until `id`'s replica holds the log up to `index` (or `timeout`).
+async fn wait_matched(raft: &Raft, id: u64, index: u64, timeout: Duration) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    let mut metrics = raft.metrics();
+    loop {
+        let matched = {
+            let m = metrics.borrow_watched();
+            m.replication.as_ref().and_then(|r| r.get(&id).cloned().flatten()).map_or(0, |l| l.index)
+        };
+        if matched >= index {
+            return;
+        }
+        if tokio::time::timeout_at(deadline, metrics.changed()).await.is_err() {
+            return;
+        }
+    }
+}
+
 async fn release_on(addr: &str, request: pb::ReleaseShardRequest) -> Result<bool, ApiError> {
     if addr.is_empty() {
         return Err(ApiError::unavailable("no address known", 0));
@@ -292,6 +339,36 @@ async fn release_on(addr: &str, request: pb::ReleaseShardRequest) -> Result<bool
     let mut client = control_client(addr, CONTROL_RPC_TIMEOUT).await?;
     let resp = client.release_shard(request).await.map_err(|s| ApiError::unavailable(s.message(), 0))?;
     Ok(resp.into_inner().released)
+}
+
+/// Whether this node's replica of a group may be dropped: its own committed
+/// membership, at least as new as `membership_index` (waited for up to
+/// [`LEARN_TIMEOUT`]), does not count `node_id` as a voter.
+async fn check_released(raft: &Raft, node_id: u64, membership_index: u64, what: &str) -> Result<(), tonic::Status> {
+    let deadline = tokio::time::Instant::now() + LEARN_TIMEOUT;
+    let mut metrics = raft.metrics();
+    loop {
+        let (index, voter) = {
+            let m = metrics.borrow_watched();
+            let committed = &m.committed_membership_config;
+            let index = committed.log_id().as_ref().map_or(0, |l| l.index);
+            (index, committed.membership().voter_ids().any(|id| id == node_id))
+        };
+        if index >= membership_index {
+            if voter {
+                return Err(tonic::Status::failed_precondition(format!(
+                    "node {node_id} is a voter of {what} in its committed membership (log index {index})"
+                )));
+            }
+            return Ok(());
+        }
+        if tokio::time::timeout_at(deadline, metrics.changed()).await.is_err() {
+            return Err(tonic::Status::unavailable(format!(
+                "node {node_id} has not learned the membership of {what} at log index {membership_index} yet \
+                 (it holds {index}); try again"
+            )));
+        }
+    }
 }
 
 /// The `ReplicaControl` service.
@@ -329,12 +406,18 @@ impl pb::replica_control_server::ReplicaControl for ReplicaService {
     ) -> Result<tonic::Response<pb::ReleaseShardResponse>, tonic::Status> {
         let req = request.into_inner();
         let what = if req.metadata { "the metadata group".to_string() } else { format!("shard {}", req.shard) };
-        if req.voters.contains(&self.node.node_id) {
-            return Err(tonic::Status::failed_precondition(format!(
-                "node {} is still a voter of {what}",
-                self.node.node_id
-            )));
-        }
+        let raft = if req.metadata {
+            self.node.meta().map(|m| m.raft.clone())
+        } else {
+            self.node.shards.get(req.shard).map(|c| c.raft.clone())
+        };
+        let Some(raft) = raft else {
+            return Ok(tonic::Response::new(pb::ReleaseShardResponse { released: false }));
+        };
+        // Decided from this replica's own committed membership, never from the
+        // caller's word: a late release after this node was added back finds it
+        // a voter again and deletes nothing.
+        check_released(&raft, self.node.node_id, req.membership_index, &what).await?;
         let released =
             if req.metadata { self.node.release_meta().await } else { self.node.release_shard(req.shard).await };
         let released = released.map_err(|e| tonic::Status::internal(e.to_string()))?;

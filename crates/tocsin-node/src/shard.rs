@@ -5,7 +5,9 @@
 //! firing purposes only after its own `LeaderEpoch` entry is applied, and
 //! may *dispatch* only while that is still true and its leader lease holds
 //! ([`ShardCtx::may_dispatch`]). openraft does not step a leader down when it
-//! loses its quorum, so the lease check guards every delivery batch.
+//! loses its quorum, so the lease check guards every delivery batch; and a
+//! node whose clock its peers see off by more than the allowed offset
+//! dispatches nothing (see `clock.rs`).
 
 use openraft::async_runtime::WatchReceiver as _;
 use std::sync::Arc;
@@ -20,6 +22,7 @@ use tocsin_store::Raft;
 use tocsin_store::Store;
 use tokio::sync::watch;
 
+use crate::clock::Clock;
 use crate::config::NodeConfig;
 use crate::events::EventSink;
 use crate::proposer::Proposer;
@@ -36,6 +39,14 @@ pub enum Leadership {
     Leading { epoch: u64 },
 }
 
+/// What every shard of a node shares.
+#[derive(Clone)]
+pub struct ShardEnv {
+    pub store: Arc<Store>,
+    pub config: Arc<NodeConfig>,
+    pub clock: Arc<Clock>,
+}
+
 /// Everything about one hosted shard.
 pub struct ShardCtx {
     pub shard: ShardId,
@@ -46,6 +57,7 @@ pub struct ShardCtx {
     pub events: Arc<EventSink>,
     pub store: Arc<Store>,
     pub config: Arc<NodeConfig>,
+    pub clock: Arc<Clock>,
     leadership: watch::Sender<Leadership>,
     /// Held while this node changes the shard's voter set, so changes to one
     /// shard's membership never overlap.
@@ -71,9 +83,9 @@ impl ShardCtx {
         raft: Raft,
         proposer: Proposer,
         events: Arc<EventSink>,
-        store: Arc<Store>,
-        config: Arc<NodeConfig>,
+        env: ShardEnv,
     ) -> ShardCtx {
+        let ShardEnv { store, config, clock } = env;
         let lease = Duration::from_millis(config.raft.election_timeout_min_ms);
         ShardCtx {
             shard,
@@ -84,6 +96,7 @@ impl ShardCtx {
             events,
             store,
             config,
+            clock,
             leadership: watch::channel(Leadership::Follower).0,
             membership_change: tokio::sync::Mutex::new(()),
             moving: std::sync::atomic::AtomicBool::new(false),
@@ -138,9 +151,10 @@ impl ShardCtx {
     }
 
     /// Whether a delivery started under `epoch` may be sent now: this node
-    /// still leads with that epoch and holds a valid lease.
+    /// still leads with that epoch, holds a valid lease, and its clock is
+    /// not off.
     pub fn may_dispatch(&self, epoch: u64) -> bool {
-        self.epoch() == Some(epoch) && self.lease_valid()
+        self.epoch() == Some(epoch) && self.lease_valid() && self.clock.is_safe()
     }
 
     /// openraft's view: leader, and a quorum acknowledged it within the

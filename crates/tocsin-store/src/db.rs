@@ -36,6 +36,11 @@ use tokio::sync::oneshot;
 
 use crate::keys;
 
+/// The on-disk format this build reads and writes. 2: the fire-time index
+/// carries what is due (`keys::due_value`), in-flight attempts are indexed
+/// at their deadline, and the shard meta carries the shard's clock.
+pub const STORE_FORMAT: u32 = 2;
+
 /// Most write requests queued for the writer before senders wait.
 const WRITE_QUEUE_DEPTH: usize = 1024;
 /// Most requests the writer folds into one sync round.
@@ -120,6 +125,7 @@ impl Store {
 
         let cfs = keys::ALL_CFS.iter().map(|name| ColumnFamilyDescriptor::new(*name, cf_options(name, &cache)));
         let db = DB::open_cf_descriptors(&db_opts, &config.path, cfs).map_err(to_io)?;
+        check_format(&db, &config.path)?;
         let db = Arc::new(db);
 
         let (tx, rx) = mpsc::channel(WRITE_QUEUE_DEPTH);
@@ -214,6 +220,36 @@ impl Store {
     }
 }
 
+/// Refuses a data directory written in another format; stamps a new one.
+fn check_format(db: &DB, path: &Path) -> io::Result<()> {
+    let meta = db.cf_handle(keys::CF_RAFT_META).expect("created at open");
+    let format_key = keys::tag_key(keys::NODE_GROUP, keys::raft_meta::FORMAT);
+    match db.get_cf(meta, format_key).map_err(to_io)? {
+        Some(v) if v.as_slice() == STORE_FORMAT.to_be_bytes() => Ok(()),
+        found => {
+            let hosted = db.get_cf(meta, keys::tag_key(keys::NODE_GROUP, keys::raft_meta::HOSTED)).map_err(to_io)?;
+            if found.is_some() || hosted.is_some() {
+                let version = found
+                    .and_then(|v| <[u8; 4]>::try_from(v.as_slice()).ok())
+                    .map_or("1".to_string(), |b| u32::from_be_bytes(b).to_string());
+                return Err(io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!(
+                        "{} holds store format {version}; this build reads format {STORE_FORMAT} only \
+                         (see docs/storage.md): start it on an empty data directory",
+                        path.display()
+                    ),
+                ));
+            }
+            let mut batch = WriteBatch::default();
+            batch.put_cf(meta, format_key, STORE_FORMAT.to_be_bytes());
+            db.write(batch).map_err(to_io)?;
+            // Manual WAL flushing is on (see `open`): flush and sync here.
+            db.flush_wal(true).map_err(to_io)
+        }
+    }
+}
+
 fn cf_options(name: &str, cache: &Cache) -> Options {
     let mut block = BlockBasedOptions::default();
     block.set_block_cache(cache);
@@ -246,6 +282,7 @@ fn writer_loop(db: &DB, mut rx: mpsc::Receiver<WriteRequest>, stats: &StoreStats
     no_sync.set_sync(false);
     let mut round: Vec<(OnDurable, io::Result<()>)> = Vec::with_capacity(MAX_REQUESTS_PER_ROUND);
     while let Some(first) = rx.blocking_recv() {
+        stall_if_asked();
         let mut next = Some(first);
         while let Some(req) = next.take() {
             let res = if failed.load(Ordering::SeqCst) {
@@ -291,6 +328,21 @@ fn writer_loop(db: &DB, mut rx: mpsc::Receiver<WriteRequest>, stats: &StoreStats
             };
             on_durable(res);
         }
+    }
+}
+
+/// The `store::writer` fault point (test builds only; see `tocsin-node`'s
+/// `fault.rs`): `return(delay:<ms>)` stalls this write round, as a slow or
+/// stuck disk would.
+fn stall_if_asked() {
+    if !cfg!(debug_assertions) {
+        return;
+    }
+    if let Some(arg) = fail::eval("store::writer", |arg| arg.unwrap_or_default())
+        && let Some(ms) = arg.strip_prefix("delay:").and_then(|ms| ms.parse::<u64>().ok())
+    {
+        tracing::warn!(ms, "fault point: stalling the store writer");
+        std::thread::sleep(std::time::Duration::from_millis(ms));
     }
 }
 

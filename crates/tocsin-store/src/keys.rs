@@ -9,17 +9,21 @@
 //! | CF | key | value |
 //! |----|-----|-------|
 //! | `raft_log` | group · index | `Entry` |
-//! | `raft_meta` | group · tag (vote, committed, last purged); node group · hosted | `Vote` / `LogId` / group ids |
+//! | `raft_meta` | group · tag (vote, committed, last purged); node group · hosted, format | `Vote` / `LogId` / group ids / format version |
 //! | `timers` | group · timer key | `TimerRecord` |
-//! | `due` | group · due_ms · timer key | empty |
+//! | `due` | group · due_ms · timer key | what is due ([`due_value`]) |
 //! | `retention` | group · purge_after_ms · timer key | empty |
 //! | `horizon` | group · ns length · namespace · minute | count, u64 BE |
 //! | `sm_meta` | group · tag (applied, membership, shard meta, installing; cluster map under the metadata group) | … |
 //!
 //! A timer key is `ns length (1 byte) · namespace · id`: the length prefix
 //! makes every namespace's timers one contiguous range, and the encoding
-//! unambiguous even though ids are arbitrary UTF-8.
+//! unambiguous even though ids are arbitrary UTF-8. Byte order of these
+//! keys is exactly `TimerKey`'s `Ord` (and of a `due` key, `DuePos`'s): the
+//! fire loop's cursor compares positions with that `Ord`, and a property
+//! test checks that the two agree.
 
+use tocsin_core::DueKind;
 use tocsin_core::TimerKey;
 
 pub const CF_RAFT_LOG: &str = "raft_log";
@@ -53,6 +57,8 @@ pub mod raft_meta {
     pub const LAST_PURGED: u8 = 3;
     /// Under [`super::NODE_GROUP`]: the groups this node hosts.
     pub const HOSTED: u8 = 4;
+    /// Under [`super::NODE_GROUP`]: the store's format version.
+    pub const FORMAT: u8 = 5;
 }
 
 /// Tags under `sm_meta`.
@@ -171,6 +177,42 @@ pub fn decode_time_index_key(key: &[u8]) -> Option<(u64, TimerKey)> {
     Some((at_ms, decode_timer_key(&key[16..])?))
 }
 
+/// The value of a `due` entry: what the leader does when it comes due.
+/// One tag byte; an attempt adds its epoch (8 bytes big-endian) and whether
+/// it is a webhook's (1 byte).
+pub fn due_value(kind: DueKind) -> Vec<u8> {
+    match kind {
+        DueKind::Fire => vec![1],
+        DueKind::Attempt { epoch, webhook } => {
+            let mut v = Vec::with_capacity(10);
+            v.push(2);
+            v.extend_from_slice(&epoch.to_be_bytes());
+            v.push(u8::from(webhook));
+            v
+        }
+        DueKind::Retry => vec![3],
+        DueKind::Ready => vec![4],
+    }
+}
+
+/// Decodes a `due` entry's value; `None` if it is not one.
+pub fn decode_due_value(value: &[u8]) -> Option<DueKind> {
+    match value {
+        [1] => Some(DueKind::Fire),
+        [2, rest @ ..] if rest.len() == 9 => Some(DueKind::Attempt {
+            epoch: u64::from_be_bytes(rest[..8].try_into().ok()?),
+            webhook: match rest[8] {
+                0 => false,
+                1 => true,
+                _ => return None,
+            },
+        }),
+        [3] => Some(DueKind::Retry),
+        [4] => Some(DueKind::Ready),
+        _ => None,
+    }
+}
+
 pub fn horizon_key(group: GroupId, namespace: &str, minute: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(17 + namespace.len());
     k.extend_from_slice(&group.to_be_bytes());
@@ -216,6 +258,21 @@ mod tests {
         assert_eq!(decode_time_index_key(&b), Some((6, TimerKey::new("a", "a"))));
         assert!(time_index_key(1, u64::MAX, &TimerKey::new("a", "a")).as_slice() < group_end(1).as_slice());
         assert!(log_key(1, u64::MAX).as_slice() < group_end(1).as_slice());
+    }
+
+    #[test]
+    fn due_values_round_trip() {
+        for kind in [
+            DueKind::Fire,
+            DueKind::Attempt { epoch: 0x0102_0304_0506_0708, webhook: true },
+            DueKind::Attempt { epoch: 7, webhook: false },
+            DueKind::Retry,
+            DueKind::Ready,
+        ] {
+            assert_eq!(decode_due_value(&due_value(kind)), Some(kind));
+        }
+        assert_eq!(decode_due_value(&[]), None);
+        assert_eq!(decode_due_value(&[2, 0, 0, 0, 0, 0, 0, 0, 1, 9]), None);
     }
 
     #[test]

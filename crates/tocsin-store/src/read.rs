@@ -10,10 +10,14 @@ use std::io;
 use rocksdb::Direction;
 use rocksdb::IteratorMode;
 use rocksdb::ReadOptions;
+use tocsin_core::Due;
+use tocsin_core::DueKind;
+use tocsin_core::DuePos;
 use tocsin_core::ShardMeta;
 use tocsin_core::TimerKey;
 use tocsin_core::TimerRecord;
 use tocsin_core::TimerState;
+use tocsin_core::fire::LoadFrom;
 use xxhash_rust::xxh3::Xxh3;
 
 use crate::codec;
@@ -60,21 +64,6 @@ impl Store {
         self.scan_time_index_from(cf, group, &keys::time_index_from(group, from_ms), before_ms, limit)
     }
 
-    /// Like [`scan_due`](Self::scan_due), but starting just after the entry
-    /// `(after_ms, after_key)`: the next page of a paged scan.
-    pub fn scan_due_after(
-        &self,
-        group: GroupId,
-        after_ms: u64,
-        after_key: &TimerKey,
-        before_ms: u64,
-        limit: usize,
-    ) -> io::Result<Vec<(u64, TimerKey)>> {
-        let mut from = keys::time_index_key(group, after_ms, after_key);
-        from.push(0); // the smallest key after it
-        self.scan_time_index_from(keys::CF_DUE, group, &from, before_ms, limit)
-    }
-
     fn scan_time_index_from(
         &self,
         cf: &str,
@@ -107,6 +96,66 @@ impl Store {
         limit: usize,
     ) -> io::Result<Vec<(u64, TimerKey)>> {
         self.scan_time_index(keys::CF_DUE, group, from_ms, before_ms, limit)
+    }
+
+    /// A page of the fire-time index for the shard leader's loader: entries
+    /// from `from` and due before `before_ms`, at most `limit`, in index
+    /// order, with what each is due for, and the log index the page reflects
+    /// (read from the same RocksDB snapshot: apply writes both in one batch).
+    pub fn due_page(&self, group: GroupId, from: &LoadFrom, before_ms: u64, limit: usize) -> io::Result<DuePage> {
+        let snapshot = self.db().snapshot();
+        let applied_index = self.applied_index_in(&snapshot, group)?;
+        let start = match from {
+            LoadFrom::Time(t) => keys::time_index_from(group, *t).to_vec(),
+            LoadFrom::After(pos) => {
+                let mut k = keys::time_index_key(group, pos.due_ms, &pos.key);
+                k.push(0); // the smallest key after it
+                k
+            }
+        };
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(keys::time_index_from(group, before_ms).to_vec());
+        let mut entries = Vec::new();
+        for item in
+            snapshot.iterator_cf_opt(self.cf(keys::CF_DUE), opts, IteratorMode::From(&start, Direction::Forward))
+        {
+            if entries.len() >= limit {
+                break;
+            }
+            let (key, value) = item.map_err(to_io)?;
+            let (due_ms, key) = keys::decode_time_index_key(&key)
+                .ok_or_else(|| io::Error::new(io::ErrorKind::InvalidData, "malformed fire-time index key"))?;
+            let kind = keys::decode_due_value(&value).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidData, format!("malformed fire-time index value {value:?}"))
+            })?;
+            entries.push((DuePos { due_ms, key }, kind));
+        }
+        Ok(DuePage { applied_index, entries })
+    }
+
+    /// One timer's fire-time index entry, and the log index it reflects
+    /// (one RocksDB snapshot): what the fire loop re-reads when it does not
+    /// know what became of a `Fire`.
+    pub fn read_due(&self, group: GroupId, key: &TimerKey) -> io::Result<(u64, Option<Due>)> {
+        let snapshot = self.db().snapshot();
+        let applied_index = self.applied_index_in(&snapshot, group)?;
+        let record: Option<TimerRecord> =
+            match snapshot.get_cf(self.cf(keys::CF_TIMERS), keys::timer_key(group, key)).map_err(to_io)? {
+                Some(bytes) => Some(codec::decode(&bytes)?),
+                None => None,
+            };
+        Ok((applied_index, record.and_then(|r| r.due())))
+    }
+
+    fn applied_index_in(&self, snapshot: &rocksdb::Snapshot<'_>, group: GroupId) -> io::Result<u64> {
+        let applied: Option<crate::LogId> = match snapshot
+            .get_cf(self.cf(keys::CF_SM_META), keys::tag_key(group, keys::sm_meta::APPLIED))
+            .map_err(to_io)?
+        {
+            Some(bytes) => Some(codec::decode(&bytes)?),
+            None => None,
+        };
+        Ok(applied.map_or(0, |l| l.index))
     }
 
     /// Finished timers whose retention ends before `before_ms`.
@@ -192,13 +241,7 @@ impl Store {
         // `last_applied` in one batch, so the digest is exactly the state at
         // `applied_index` and replicas can be compared index for index.
         let snapshot = self.db().snapshot();
-        let applied: Option<crate::LogId> = match snapshot
-            .get_cf(self.cf(keys::CF_SM_META), keys::tag_key(group, keys::sm_meta::APPLIED))
-            .map_err(to_io)?
-        {
-            Some(bytes) => Some(codec::decode(&bytes)?),
-            None => None,
-        };
+        let applied_index = self.applied_index_in(&snapshot, group)?;
         let mut opts = ReadOptions::default();
         opts.set_iterate_upper_bound(keys::group_end(group).to_vec());
         let start = keys::group_start(group);
@@ -216,8 +259,15 @@ impl Store {
             h.update(&record.generation.to_be_bytes());
             count += 1;
         }
-        Ok(StateDigest { applied_index: applied.map_or(0, |l| l.index), digest: h.digest(), timer_count: count })
+        Ok(StateDigest { applied_index, digest: h.digest(), timer_count: count })
     }
+}
+
+/// A page of the fire-time index (see [`Store::due_page`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DuePage {
+    pub applied_index: u64,
+    pub entries: Vec<(DuePos, DueKind)>,
 }
 
 /// A replica's applied state in one number, and the log index it reflects.

@@ -8,6 +8,12 @@
 //! answers openraft. A broken invariant stops the group: apply returns an
 //! error, which openraft treats as fatal.
 //!
+//! Once a batch is durable, and before openraft hears of it, the group's
+//! [`ApplyObserver`] (the shard leader's fire loop, on the node) is told
+//! what every entry did, in log order: each timer whose fire-time index
+//! entry moved, and each command's result. That is how the leader's wheel
+//! follows the applied log whether or not anyone still waits for a command.
+//!
 //! The metadata group ([`keys::META_GROUP`]) uses the same machinery with
 //! other rules: its entries carry cluster-map commands, applied by
 //! `tocsin_core::cluster` to the one cluster-map value it stores.
@@ -37,6 +43,7 @@ use tocsin_core::cluster::ClusterMap;
 use tocsin_core::command::ApplyResponse;
 use tocsin_core::command::CommandResult;
 use tocsin_core::command::Proposal;
+use tocsin_core::fire::IndexChange;
 
 use crate::Entry;
 use crate::LogId;
@@ -52,11 +59,31 @@ use crate::keys::sm_meta;
 use crate::snapshot;
 use crate::snapshot::SnapshotFile;
 
+/// What one applied entry did, as its group's observer hears it.
+pub struct AppliedEntry<'a> {
+    /// The entry's log index.
+    pub index: u64,
+    /// The entry's commands (empty for blank and membership entries).
+    pub commands: &'a [tocsin_core::Command],
+    /// One result per command.
+    pub results: &'a [CommandResult],
+    /// Every timer whose fire-time index entry this entry moved, in the order
+    /// the commands moved them (a timer moved twice appears twice).
+    pub changes: &'a [IndexChange],
+}
+
+/// Hears about every applied entry of a group, in log order, once it is
+/// durable. Called on openraft's state machine task: it must not block.
+pub trait ApplyObserver: Send + Sync + 'static {
+    fn applied(&self, entries: &[AppliedEntry<'_>]);
+}
+
 /// One group's state machine.
 #[derive(Clone)]
 pub struct StateMachine {
     store: Arc<Store>,
     group: GroupId,
+    observer: Option<Arc<dyn ApplyObserver>>,
 }
 
 impl std::fmt::Debug for StateMachine {
@@ -69,7 +96,17 @@ impl StateMachine {
     /// Opens the group's state machine, first completing an install that a
     /// crash interrupted.
     pub async fn open(store: Arc<Store>, group: GroupId) -> io::Result<StateMachine> {
-        let sm = StateMachine { store, group };
+        StateMachine::open_observed(store, group, None).await
+    }
+
+    /// Like [`open`](Self::open), with an observer told about every applied
+    /// entry (see [`ApplyObserver`]).
+    pub async fn open_observed(
+        store: Arc<Store>,
+        group: GroupId,
+        observer: Option<Arc<dyn ApplyObserver>>,
+    ) -> io::Result<StateMachine> {
+        let sm = StateMachine { store, group, observer };
         if let Some(path) = snapshot::interrupted_install(&sm.store, group)? {
             tracing::warn!(group, path = %path.display(), "completing an interrupted snapshot install");
             let file = SnapshotFile::open(&path).map_err(|e| {
@@ -112,17 +149,41 @@ impl StateMachine {
             return Ok(Vec::new());
         }
         let this = self.clone();
-        let (batch, responses) = tokio::task::spawn_blocking(move || this.apply_batch(&entries)).await??;
+        let (batch, responses, entries, changes) = tokio::task::spawn_blocking(move || {
+            let (batch, responses, changes) = this.apply_batch(&entries)?;
+            Ok::<_, io::Error>((batch, responses, entries, changes))
+        })
+        .await??;
         // Timers, indexes, counters and last_applied become durable together;
         // only then does anyone hear about them.
         self.store.write_durable(batch).await?;
+        if let Some(observer) = &self.observer {
+            let applied: Vec<AppliedEntry<'_>> = entries
+                .iter()
+                .zip(&responses)
+                .zip(&changes)
+                .map(|((entry, response), changes)| AppliedEntry {
+                    index: entry.log_id().index(),
+                    commands: match &entry.payload {
+                        EntryPayload::Normal(proposal) => &proposal.commands,
+                        _ => &[],
+                    },
+                    results: &response.results,
+                    changes,
+                })
+                .collect();
+            observer.applied(&applied);
+        }
         Ok(responses)
     }
 
-    /// Builds the write batch for applying `entries`. Blocking.
-    fn apply_batch(&self, entries: &[Entry]) -> io::Result<(WriteBatch, Vec<ApplyResponse>)> {
+    /// Builds the write batch for applying `entries`, with each entry's
+    /// response and the index changes it made. Blocking.
+    fn apply_batch(&self, entries: &[Entry]) -> io::Result<(WriteBatch, Vec<ApplyResponse>, Vec<Vec<IndexChange>>)> {
         if self.group == keys::META_GROUP {
-            return self.apply_cluster_batch(entries);
+            let (batch, responses) = self.apply_cluster_batch(entries)?;
+            let changes = vec![Vec::new(); responses.len()];
+            return Ok((batch, responses, changes));
         }
         let mut meta = self.shard_meta()?;
         let mut overlay = Overlay {
@@ -131,22 +192,31 @@ impl StateMachine {
             batch: WriteBatch::default(),
             cache: HashMap::new(),
             horizon: BTreeMap::new(),
+            changes: Vec::new(),
         };
+        let mut changes = Vec::with_capacity(entries.len());
+        let first_index = entries.first().map_or(0, |e| e.log_id().index());
         let applied = apply_entries(entries, |index, proposal| {
-            apply_proposal(&mut overlay, &mut meta, index, proposal).map_err(|e| match e {
+            let results = apply_proposal(&mut overlay, &mut meta, index, proposal).map_err(|e| match e {
                 ApplyError::Storage(e) => e,
                 ApplyError::Invariant { .. } => {
                     tracing::error!(group = self.group, error = %e, "stopping the group");
                     io::Error::new(io::ErrorKind::InvalidData, format!("group {}: {e}", self.group))
                 }
-            })
+            })?;
+            // Only normal entries come here (blank and membership entries change
+            // no timer); entries are consecutive, so the index gives the slot.
+            changes.resize_with((index - first_index) as usize, Vec::new);
+            changes.push(std::mem::take(&mut overlay.changes));
+            Ok(results)
         })?;
+        changes.resize_with(entries.len(), Vec::new);
         overlay.flush_horizon()?;
         let mut batch = overlay.batch;
         let cf = self.store.cf(keys::CF_SM_META);
         batch.put_cf(cf, keys::tag_key(self.group, sm_meta::SHARD), codec::encode(&meta)?);
         self.put_progress(&mut batch, &applied)?;
-        Ok((batch, applied.responses))
+        Ok((batch, applied.responses, changes))
     }
 
     /// The metadata group's apply: the cluster map, `last_applied` and the
@@ -224,6 +294,8 @@ struct Overlay<'a> {
     cache: HashMap<TimerKey, Option<TimerRecord>>,
     /// Net change of each (namespace, minute) horizon counter.
     horizon: BTreeMap<(String, u64), i64>,
+    /// Fire-time index changes of the entry being applied.
+    changes: Vec<IndexChange>,
 }
 
 impl Overlay<'_> {
@@ -287,18 +359,25 @@ impl TimerTable for Overlay<'_> {
         }
         // Index entries are derived from the record, so they change only when
         // the derived value changes.
-        let indexes: [(&str, fn(&TimerRecord) -> Option<u64>); 2] =
-            [(keys::CF_DUE, TimerRecord::due_ms), (keys::CF_RETENTION, TimerRecord::purge_after_ms)];
-        for (cf_name, derive) in indexes {
-            let (before, after) = (old.and_then(derive), new.and_then(derive));
-            if before != after {
-                let cf = self.store.cf(cf_name);
-                if let Some(at) = before {
-                    self.batch.delete_cf(cf, keys::time_index_key(group, at, key));
-                }
-                if let Some(at) = after {
-                    self.batch.put_cf(cf, keys::time_index_key(group, at, key), []);
-                }
+        let (before, after) = (old.and_then(TimerRecord::due), new.and_then(TimerRecord::due));
+        if before != after {
+            let cf = self.store.cf(keys::CF_DUE);
+            if let Some(due) = before {
+                self.batch.delete_cf(cf, keys::time_index_key(group, due.at_ms, key));
+            }
+            if let Some(due) = after {
+                self.batch.put_cf(cf, keys::time_index_key(group, due.at_ms, key), keys::due_value(due.kind));
+            }
+            self.changes.push(IndexChange { key: key.clone(), due: after });
+        }
+        let (before, after) = (old.and_then(TimerRecord::purge_after_ms), new.and_then(TimerRecord::purge_after_ms));
+        if before != after {
+            let cf = self.store.cf(keys::CF_RETENTION);
+            if let Some(at) = before {
+                self.batch.delete_cf(cf, keys::time_index_key(group, at, key));
+            }
+            if let Some(at) = after {
+                self.batch.put_cf(cf, keys::time_index_key(group, at, key), []);
             }
         }
         let (before, after) = (old.and_then(TimerRecord::horizon_minute), new.and_then(TimerRecord::horizon_minute));

@@ -2,7 +2,9 @@
 //! real RocksDB. One binary, one module per scenario.
 
 mod bad_input;
+mod clock;
 mod cluster_ops;
+mod faults;
 mod pull;
 mod support;
 mod webhook;

@@ -222,3 +222,72 @@ async fn pull_timers_survive_kill_9() {
     assert!(cancelled_received.is_empty(), "cancelled yet delivered: {cancelled_received:?}");
     assert!(early.is_empty(), "delivered early: {early:?}");
 }
+
+/// Finding 4 of issue 10, measured as a new user did: 5,000 pull timers due
+/// in the same second; twenty times a consumer opens `Reserve` (ttr 2 s,
+/// max_batch 10, max_in_flight 1000), reads one message and closes the
+/// stream; then a consumer acks everything. Reservations the leavers never
+/// saw used to stay FIRING for good; every timer must now come back within
+/// its time-to-run (plus a second) and be delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn consumers_that_leave_mid_batch_strand_nothing() {
+    use tocsin_client::v1::timer_service_client::TimerServiceClient;
+    const TOTAL: usize = 5_000;
+    const TTR_MS: u64 = 2_000;
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(dir.path(), &[]);
+    let client = Client::connect([node.grpc.clone()]).await.unwrap();
+
+    let due = now_ms() + 1_500;
+    for chunk in (0..TOTAL).collect::<Vec<_>>().chunks(1000) {
+        let reqs = chunk.iter().map(|i| tocsin_client::pull_timer("leavers", &format!("p-{i}"), due, "jobs")).collect();
+        assert!(client.create_timers(reqs).await.iter().all(Result::is_ok));
+    }
+    tokio::time::sleep(Duration::from_millis((due + 300).saturating_sub(now_ms()))).await;
+
+    // Phase: twenty consumers each read one message and leave.
+    let reserve = |ttr_ms, max_batch, max_in_flight| pb::ReserveRequest {
+        namespace: "leavers".into(),
+        topic: "jobs".into(),
+        ttr_ms,
+        max_batch,
+        max_in_flight,
+    };
+    let mut left_with = 0;
+    for _ in 0..20 {
+        let mut raw = TimerServiceClient::connect(format!("http://{}", node.grpc)).await.unwrap();
+        let mut stream = raw.reserve(reserve(TTR_MS, 10, 1000)).await.unwrap().into_inner();
+        let first = tokio::time::timeout(Duration::from_secs(5), stream.message()).await.unwrap().unwrap().unwrap();
+        left_with += first.deliveries.len();
+        drop(stream);
+    }
+    let left_at = now_ms();
+    println!("twenty consumers left holding {left_with} deliveries they read");
+
+    // Phase: a consumer that acks everything, for at most 20 s.
+    let mut good = client.reserve(reserve(30_000, 500, 20_000)).await.unwrap();
+    let mut received: HashMap<String, u64> = HashMap::new();
+    let deadline = now_ms() + 20_000;
+    while received.len() < TOTAL && now_ms() < deadline {
+        if let Ok(Some(batch)) = tokio::time::timeout(Duration::from_secs(1), good.recv()).await {
+            let now = now_ms();
+            for d in &batch.deliveries {
+                received.entry(d.id.clone()).or_insert(now);
+            }
+            let results = client.ack(refs(&batch)).await.unwrap();
+            assert!(results.iter().all(|r| r.status == pb::ack_result::Status::Ok as i32), "{results:?}");
+        }
+    }
+    let last = received.values().copied().max().unwrap_or(0);
+    println!(
+        "delivered {} of {TOTAL}; the last {} ms after the leavers left (ttr {TTR_MS} ms)",
+        received.len(),
+        last.saturating_sub(left_at)
+    );
+    assert_eq!(received.len(), TOTAL, "stranded: {} timers never offered again", TOTAL - received.len());
+    assert!(last <= left_at + TTR_MS + 1_000, "the last one came {} ms after the leavers left", last - left_at);
+    for i in [0, 2_499, 4_999] {
+        let t = client.get_timer("leavers", &format!("p-{i}")).await.unwrap();
+        assert_eq!(t.state, pb::timer::State::Delivered as i32, "p-{i}");
+    }
+}

@@ -246,11 +246,12 @@ fn a_new_leader_redelivers_what_the_old_one_left_in_flight() {
     let CommandResult::Dispatch { record } = shard.apply(T0 + 1, fire(&key, T0, old)) else { panic!() };
     let first = record.fire.unwrap();
 
-    // Phase: the old leader dies mid-delivery; the in-flight attempt is in the
-    // fire-time index at its start, in the past, so the new leader loads it.
+    // Phase: the old leader dies mid-delivery. The in-flight attempt is in the
+    // fire-time index at its deadline, marked as an attempt of the old epoch,
+    // so the new leader redelivers it at once instead of waiting for it.
     let new = shard.elect(T0 + 300, 2);
     let (due, due_key) = shard.table.due.iter().next().unwrap().clone();
-    assert_eq!((due, &due_key), (T0 + 1, &key));
+    assert_eq!((due, &due_key), (T0 + 1 + 30_000, &key));
     let CommandResult::Dispatch { record } = shard.apply(T0 + 400, fire(&key, due, new)) else { panic!() };
     let second = record.fire.unwrap();
     assert_eq!(second.attempt, 2);
@@ -265,6 +266,57 @@ fn a_new_leader_redelivers_what_the_old_one_left_in_flight() {
         outcome: AttemptOutcome::Delivered,
     };
     assert_eq!(shard.apply(T0 + 500, late), CommandResult::Skipped { reason: SkipReason::Stale });
+}
+
+#[test]
+fn an_attempt_without_an_outcome_is_retried_at_its_deadline() {
+    let mut shard = Shard::new();
+    let key = TimerKey::new("orders", "deadline");
+    shard.apply(T0, create(&key, &spec(T0, webhook()), 3));
+    let epoch = shard.elect(T0, 1);
+    let CommandResult::Dispatch { record } = shard.apply(T0, fire(&key, T0, epoch)) else { panic!() };
+    let until = T0 + 30_000;
+    assert_eq!(record.due_ms(), Some(until), "an attempt is indexed at its deadline");
+
+    // Phase: the leader lost the attempt's outcome (a dropped reply, a lost task).
+    // Its own wheel looking before the deadline starts nothing...
+    assert_eq!(
+        shard.apply(T0 + 29_999, fire(&key, until, epoch)),
+        CommandResult::Skipped { reason: SkipReason::NotDue }
+    );
+    // ...and at the deadline it starts the next attempt, in the same epoch.
+    let CommandResult::Dispatch { record } = shard.apply(until, fire(&key, until, epoch)) else { panic!() };
+    let facts = record.fire.unwrap();
+    assert_eq!((facts.attempt, facts.epoch), (2, epoch));
+    assert_eq!(facts.last_error, "no outcome recorded before the attempt's deadline");
+
+    // Phase: the last attempt's deadline passes too: out of attempts, dead.
+    let CommandResult::Dispatch { .. } = shard.apply(until + 30_000, fire(&key, until + 30_000, epoch)) else {
+        panic!()
+    };
+    let CommandResult::Dead { record } = shard.apply(until + 60_000, fire(&key, until + 60_000, epoch)) else {
+        panic!()
+    };
+    assert!(record.fire.unwrap().last_error.starts_with("gave up after 3 attempts"));
+    assert!(shard.table.due.is_empty());
+}
+
+#[test]
+fn a_shards_clock_never_goes_backwards() {
+    let mut shard = Shard::new();
+    let key = TimerKey::new("orders", "clock");
+    shard.apply(T0 + 5_000, create(&key, &spec(T0 + 6_000, webhook()), 3));
+    let epoch = shard.elect(T0 + 5_000, 1);
+
+    // Phase: a leader whose clock is behind stamps an earlier time: apply uses the
+    // shard's latest time, so the timer is neither early nor fired in the past.
+    assert_eq!(shard.apply(T0, Command::Cancel { key: TimerKey::new("orders", "none") }), CommandResult::NotFound);
+    assert_eq!(shard.meta.clock_ms, T0 + 5_000);
+    assert_eq!(shard.apply(T0, fire(&key, T0 + 6_000, epoch)), CommandResult::Skipped { reason: SkipReason::NotDue });
+    let CommandResult::Cancelled { record } = shard.apply(T0 + 10, Command::Cancel { key: key.clone() }) else {
+        panic!()
+    };
+    assert_eq!(record.finished_at_ms, T0 + 5_000);
 }
 
 #[test]
@@ -297,8 +349,25 @@ fn pull_timers_wait_ready_then_reserve_and_ack() {
     };
     assert_eq!(shard.apply(T0 + 6, ack(0)), CommandResult::Skipped { reason: SkipReason::Stale });
 
+    // Phase: while the reservation runs, nobody else may take it, not even a new
+    // leader: the consumer may still ack.
+    let newer = shard.elect(T0 + 10, 2);
+    let reserve_under = |epoch, expected_attempt| Command::Reserve {
+        key: key.clone(),
+        fire_index: facts.fire_index,
+        expected_attempt,
+        epoch,
+        until_ms: T0 + 70_000,
+    };
+    assert_eq!(shard.apply(T0 + 20, reserve_under(newer, 1)), CommandResult::Skipped { reason: SkipReason::NotDue });
+    assert_eq!(
+        shard.apply(T0 + 20, fire(&key, T0 + 30_000, newer)),
+        CommandResult::Skipped { reason: SkipReason::NotDue }
+    );
+
     // Phase: the reservation runs out; another consumer reserves it (attempt 2), so
     // the first consumer's ack is stale and the second one's counts.
+    let reserve = |expected_attempt| reserve_under(newer, expected_attempt);
     assert!(matches!(shard.apply(T0 + 40_000, reserve(1)), CommandResult::Dispatch { .. }));
     assert_eq!(shard.apply(T0 + 40_001, ack(1)), CommandResult::Skipped { reason: SkipReason::Stale });
     assert!(

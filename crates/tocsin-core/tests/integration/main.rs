@@ -3,3 +3,4 @@
 mod apply_model;
 mod apply_rules;
 mod cluster_model;
+mod fire_model;

@@ -33,7 +33,6 @@ use tonic::Status;
 use tonic::transport::Channel;
 
 use crate::api::error::ApiError;
-use crate::clock;
 use crate::delivery::pull::AckStatus;
 use crate::delivery::pull::ReserveOptions;
 use crate::forward;
@@ -121,7 +120,7 @@ impl TimerApi {
     /// The create command, stamped with this leader's clock.
     fn create_command(&self, key: TimerKey, spec: TimerSpec) -> Result<Command, ApiError> {
         let limits = self.limits();
-        let fire_at_ms = validate::resolve_fire_at(spec.fire_time, clock::now_ms(), limits)?;
+        let fire_at_ms = validate::resolve_fire_at(spec.fire_time, self.node.clock.now_ms(), limits)?;
         let retry = validate::effective_retry(&spec.retry, limits);
         Ok(Command::Create { key, spec, fire_at_ms, retry, retention_ms: limits.retention_ms })
     }
@@ -277,7 +276,7 @@ impl TimerApi {
             None => Self::fire_time_of(None, None)?,
         };
         let ctx = self.shard_of(&key.namespace, &key.id)?;
-        let fire_at_ms = validate::resolve_fire_at(fire_time, clock::now_ms(), self.limits())?;
+        let fire_at_ms = validate::resolve_fire_at(fire_time, self.node.clock.now_ms(), self.limits())?;
         let command =
             Command::Reschedule { key: key.clone(), expected_generation: req.expected_generation, fire_at_ms };
         let (_, result) = ctx.proposer.propose(command).await.map_err(|e| ApiError::from_propose(ctx.shard, e))?;
@@ -701,7 +700,7 @@ impl TimerApi {
         only: Option<u32>,
     ) -> Result<pb::GetHorizonResponse, ApiError> {
         validate::check_namespace(namespace)?;
-        let now = clock::now_ms();
+        let now = self.node.clock.now_ms();
         let bucket = tocsin_core::limits::HORIZON_BUCKET_MS;
         let now_min = now / bucket;
         let mut out = pb::GetHorizonResponse { as_of_ms: now, bucket_ms: bucket, ..Default::default() };

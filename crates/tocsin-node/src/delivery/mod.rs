@@ -12,7 +12,6 @@ use tocsin_core::FirePhase;
 use tocsin_core::TimerKey;
 use tocsin_core::TimerRecord;
 
-use crate::clock;
 use crate::shard::ShardCtx;
 
 /// Routes each dispatched timer to its delivery mechanism.
@@ -22,12 +21,14 @@ pub struct Dispatcher {
 }
 
 impl Dispatcher {
-    /// Hands a timer whose `Fire` was just applied to delivery.
+    /// Hands a timer whose `Fire` was just applied (under this node's
+    /// `epoch`) to delivery: a webhook attempt is sent, a ready pull timer
+    /// is offered to the topic's consumers.
     pub fn dispatch(&self, ctx: &Arc<ShardCtx>, epoch: u64, key: TimerKey, record: TimerRecord) {
         let Some(fire) = &record.fire else { return };
         if fire.attempt <= 1 && fire.fired_at_ms == fire.attempt_started_at_ms {
             // Fire lateness: how long after its fire time the fire was recorded.
-            let lateness_ms = clock::now_ms().saturating_sub(record.fire_at_ms);
+            let lateness_ms = ctx.clock.now_ms().saturating_sub(record.fire_at_ms);
             metrics::histogram!("tocsin_fire_lateness_seconds", "namespace" => key.namespace.clone())
                 .record(lateness_ms as f64 / 1000.0);
             ctx.record_lateness(lateness_ms);

@@ -7,11 +7,18 @@
 //!   is recorded through Raft (`Reserve` commands, which start an attempt and
 //!   stamp the epoch) before it is sent, up to hundreds per stream message.
 //! - A reservation not acked within its time-to-run goes back to ready, for
-//!   this or another consumer. `Ack` records the delivery; `Nack` schedules
-//!   a retry after a delay.
+//!   this or another consumer: the reserved timer is indexed at the
+//!   reservation's end, so the leader's fire loop makes it ready again then
+//!   (there is no in-memory expiry to lose). `Ack` records the delivery;
+//!   `Nack` schedules a retry after a delay.
+//! - Recording a reservation runs in its own task: a consumer that goes
+//!   away mid-batch cancels nothing. What it reserved stays reserved until
+//!   its time-to-run runs out; what could not be reserved goes back to the
+//!   queue.
 //!
 //! Queues are per node and hold only shards this node leads; a leader change
-//! makes the new leader re-offer what was ready or reserved (at-least-once).
+//! makes the new leader re-offer what was ready (at once) or reserved (when
+//! the reservation runs out): at-least-once.
 
 use std::collections::HashMap;
 use std::collections::HashSet;
@@ -33,7 +40,6 @@ use tocsin_proto::v1 as pb;
 use tokio::sync::Notify;
 use tokio::sync::mpsc;
 
-use crate::clock;
 use crate::config::DeliveryConfig;
 use crate::json;
 use crate::shard::ShardCtx;
@@ -47,10 +53,13 @@ struct Item {
     attempt: u32,
 }
 
+/// A reservation this node handed to a consumer: how many a consumer holds
+/// bounds what it is sent next.
 struct Reservation {
-    item: Item,
-    topic: Arc<Topic>,
-    until_ms: u64,
+    shard: u32,
+    attempt: u32,
+    /// When it runs out, on the monotonic clock.
+    expires: std::time::Instant,
     consumer: u64,
 }
 
@@ -104,14 +113,12 @@ pub struct PullHub {
 
 impl PullHub {
     pub fn new(config: DeliveryConfig) -> Arc<PullHub> {
-        let hub = Arc::new(PullHub {
+        Arc::new(PullHub {
             config,
             topics: Mutex::new(HashMap::new()),
             reservations: Mutex::new(HashMap::new()),
             next_consumer: AtomicU64::new(1),
-        });
-        tokio::spawn(expire_loop(Arc::downgrade(&hub)));
-        hub
+        })
     }
 
     fn topic(&self, namespace: &str, topic: &str) -> Arc<Topic> {
@@ -121,9 +128,8 @@ impl PullHub {
     /// A ready pull timer from a shard this node leads.
     pub fn offer(&self, ctx: &Arc<ShardCtx>, key: TimerKey, record: &TimerRecord) {
         let (Callback::Pull { topic }, Some(fire)) = (&record.callback, &record.fire) else { return };
-        if self.reservations.lock().expect("reservations lock").contains_key(&key) {
-            return;
-        }
+        // Ready again: any reservation this node remembers for it has ended.
+        self.reservations.lock().expect("reservations lock").remove(&key);
         let topic = self.topic(&key.namespace, topic);
         {
             let mut state = topic.state.lock().expect("topic lock");
@@ -161,45 +167,54 @@ impl PullHub {
     }
 
     async fn consume(
-        &self,
+        self: Arc<Self>,
         topic: Arc<Topic>,
         consumer: u64,
         options: ReserveOptions,
         tx: mpsc::Sender<pb::ReserveResponse>,
     ) {
-        use futures::StreamExt;
         // Several batches are recorded through Raft at once, so one consumer is
-        // not limited to one batch per commit round trip.
+        // not limited to one batch per commit round trip. Each is its own task
+        // and reports back here: leaving early drops no reservation half done.
         const BATCHES_IN_FLIGHT: usize = 4;
-        let mut in_flight = futures::stream::FuturesUnordered::new();
+        let (done_tx, mut done_rx) = mpsc::channel::<Vec<pb::Delivery>>(BATCHES_IN_FLIGHT);
+        let mut in_flight = 0usize;
         loop {
             if tx.is_closed() {
                 return;
             }
             let mut took = false;
-            if in_flight.len() < BATCHES_IN_FLIGHT {
-                let outstanding = self
-                    .reservations
-                    .lock()
-                    .expect("reservations lock")
-                    .values()
-                    .filter(|r| r.consumer == consumer)
-                    .count();
-                let room = options.max_in_flight.saturating_sub(outstanding).min(options.max_batch);
+            if in_flight < BATCHES_IN_FLIGHT {
+                let room = options
+                    .max_in_flight
+                    .saturating_sub(self.outstanding(consumer, options.max_in_flight))
+                    .min(options.max_batch);
                 let items = if room == 0 { Vec::new() } else { take(&topic, room) };
                 if !items.is_empty() {
                     took = true;
-                    in_flight.push(self.reserve_items(&topic, consumer, items, options.ttr_ms));
+                    in_flight += 1;
+                    let (hub, topic, done_tx) = (self.clone(), topic.clone(), done_tx.clone());
+                    tokio::spawn(async move {
+                        let deliveries = hub.reserve_items(&topic, consumer, items, options.ttr_ms).await;
+                        let _ = done_tx.send(deliveries).await;
+                    });
                 }
             }
             if took {
                 continue;
             }
             tokio::select! {
-                Some(deliveries) = in_flight.next(), if !in_flight.is_empty() => {
-                    if !deliveries.is_empty() && tx.send(pb::ReserveResponse { deliveries }).await.is_err() {
-                        // The consumer went away; its reservations run out on their own.
-                        return;
+                Some(deliveries) = done_rx.recv(), if in_flight > 0 => {
+                    in_flight -= 1;
+                    if !deliveries.is_empty() {
+                        if tx.send(pb::ReserveResponse { deliveries }).await.is_err() {
+                            // The consumer went away; its reservations run out on their own.
+                            return;
+                        }
+                        if crate::fault::hit("pull::reserve_stream").await.is_some() {
+                            // A test closes the stream mid-batch.
+                            return;
+                        }
                     }
                 }
                 _ = topic.notify.notified() => {}
@@ -207,6 +222,20 @@ impl PullHub {
                 _ = tx.closed() => return,
             }
         }
+    }
+
+    /// Reservations `consumer` holds, counting the ones that ran out only
+    /// until it reaches `max` (then they are forgotten: the fire loop makes
+    /// them ready again).
+    fn outstanding(&self, consumer: u64, max: usize) -> usize {
+        let mut reservations = self.reservations.lock().expect("reservations lock");
+        let held = reservations.values().filter(|r| r.consumer == consumer).count();
+        if held < max {
+            return held;
+        }
+        let now = std::time::Instant::now();
+        reservations.retain(|_, r| r.expires > now);
+        reservations.values().filter(|r| r.consumer == consumer).count()
     }
 
     /// Records reservations through Raft — one proposal batch per shard, the
@@ -226,8 +255,8 @@ impl PullHub {
         }
         let per_shard = by_shard.into_values().map(|items| async move {
             let ctx = items[0].shard.clone();
-            let Some(epoch) = ctx.epoch() else { return (items, Vec::new(), epoch_none()) };
-            let until_ms = clock::now_ms() + ttr_ms;
+            let Some(epoch) = ctx.epoch() else { return (items, Vec::new(), None) };
+            let until_ms = ctx.clock.now_ms().saturating_add(ttr_ms);
             let commands = items
                 .iter()
                 .map(|i| Command::Reserve {
@@ -247,7 +276,8 @@ impl PullHub {
             let Some((epoch, until_ms)) = stamp else { continue };
             let ctx = items[0].shard.clone();
             if !ctx.may_dispatch(epoch) {
-                // Deposed (or lease lost) meanwhile: the next leader hands these out.
+                // Deposed (or lease lost) meanwhile: what was reserved comes due
+                // again when its reservation runs out, here or at the next leader.
                 continue;
             }
             let mut reservations = self.reservations.lock().expect("reservations lock");
@@ -260,15 +290,24 @@ impl PullHub {
                         if let Callback::Pull { topic } = &record.callback {
                             delivery.topic = topic.clone();
                         }
-                        let item = Item { attempt: fire.attempt, ..item };
-                        reservations
-                            .insert(item.key.clone(), Reservation { item, topic: topic.clone(), until_ms, consumer });
+                        reservations.insert(
+                            item.key.clone(),
+                            Reservation {
+                                shard: ctx.shard,
+                                attempt: fire.attempt,
+                                expires: std::time::Instant::now() + Duration::from_millis(ttr_ms),
+                                consumer,
+                            },
+                        );
                         out.push(delivery);
                     }
-                    // Not ready (backing off), or moved on (acked, dead, purged):
-                    // the fire loop brings it back when it is due again.
+                    // Not ready (backing off, reserved), or moved on (acked, dead,
+                    // purged): the fire loop brings it back when it is due again.
                     Ok(_) => {}
                     Err(crate::proposer::ProposeError::NotLeader { .. }) => {}
+                    // Not recorded, or unknown: back to the queue. If it was
+                    // recorded after all, the next reservation of this item is
+                    // stale and the recorded one comes due when it runs out.
                     Err(_) => retry.push(item),
                 }
             }
@@ -292,7 +331,7 @@ impl PullHub {
         refs: Vec<(TimerKey, u64, u32)>,
         nack: Option<(u64, String)>,
     ) -> Vec<AckStatus> {
-        let now = clock::now_ms();
+        let now = ctx.clock.now_ms();
         let commands: Vec<Command> = refs
             .iter()
             .map(|(key, fire_index, attempt)| Command::AttemptResult {
@@ -302,7 +341,7 @@ impl PullHub {
                 outcome: match &nack {
                     None => AttemptOutcome::Delivered,
                     Some((delay_ms, reason)) => {
-                        AttemptOutcome::Failed { error: reason.clone(), retry_at_ms: now + delay_ms }
+                        AttemptOutcome::Failed { error: reason.clone(), retry_at_ms: now.saturating_add(*delay_ms) }
                     }
                 },
             })
@@ -318,7 +357,7 @@ impl PullHub {
                     Ok(_) => AckStatus::Stale,
                     Err(_) => AckStatus::Stale,
                 };
-                if status == AckStatus::Ok && reservations.get(&key).is_some_and(|r| r.item.attempt == attempt) {
+                if status == AckStatus::Ok && reservations.get(&key).is_some_and(|r| r.attempt == attempt) {
                     reservations.remove(&key);
                 }
                 status
@@ -340,7 +379,7 @@ impl PullHub {
                 keep
             });
         }
-        self.reservations.lock().expect("reservations lock").retain(|_, r| r.item.shard.shard != shard);
+        self.reservations.lock().expect("reservations lock").retain(|_, r| r.shard != shard);
     }
 
     /// Ready (not reserved) timers per topic, for metrics and status.
@@ -363,36 +402,4 @@ fn take(topic: &Topic, n: usize) -> Vec<Item> {
         out.push(item);
     }
     out
-}
-
-fn epoch_none() -> Option<(u64, u64)> {
-    None
-}
-
-/// Returns reservations whose time-to-run ran out to the ready queues.
-async fn expire_loop(hub: std::sync::Weak<PullHub>) {
-    loop {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        let Some(hub) = hub.upgrade() else { return };
-        let now = clock::now_ms();
-        let expired: Vec<Reservation> = {
-            let mut reservations = hub.reservations.lock().expect("reservations lock");
-            let keys: Vec<TimerKey> =
-                reservations.iter().filter(|(_, r)| r.until_ms <= now).map(|(k, _)| k.clone()).collect();
-            keys.into_iter().filter_map(|k| reservations.remove(&k)).collect()
-        };
-        for r in expired {
-            if r.item.shard.epoch().is_none() {
-                continue;
-            }
-            metrics::counter!("tocsin_pull_redeliveries_total").increment(1);
-            {
-                let mut state = r.topic.state.lock().expect("topic lock");
-                if state.queued.insert(r.item.key.clone()) {
-                    state.ready.push_back(r.item);
-                }
-            }
-            r.topic.notify.notify_one();
-        }
-    }
 }

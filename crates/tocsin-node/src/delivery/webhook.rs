@@ -11,6 +11,13 @@
 //! - Requests to one endpoint (scheme, host, port) are bounded by a
 //!   semaphore and a queue limit; every delivery is its own task, so a slow
 //!   endpoint only delays its own deliveries.
+//! - **Every attempt has a deadline in replicated state** (`until_ms` of
+//!   its `InFlight` phase, where the timer is indexed). The request must be
+//!   sent and answered before it, with time left to record the outcome; an
+//!   attempt that cannot be (queued too long, lease lost, outcome not
+//!   recorded) is simply left: at the deadline the leader starts the next
+//!   attempt. Recording an outcome is retried while this node still leads
+//!   under the attempt's epoch.
 //!
 //! [`Delivery`]: crate::json::DeliveryJson
 
@@ -27,11 +34,17 @@ use tocsin_core::TimerRecord;
 use tocsin_core::command::AttemptOutcome;
 use tokio::sync::Semaphore;
 
-use crate::clock;
+use crate::proposer::ProposeError;
+
 use crate::config::DeliveryConfig;
 use crate::delivery::signing;
 use crate::json::DeliveryJson;
 use crate::shard::ShardCtx;
+
+/// Time kept free before an attempt's deadline to record its outcome.
+const RECORD_MARGIN_MS: u64 = 200;
+/// Shortest request worth sending.
+const MIN_REQUEST_MS: u64 = 50;
 
 /// How an attempt ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -101,9 +114,9 @@ impl WebhookSender {
         let this = self.clone();
         tokio::spawn(async move {
             let Some(fire) = record.fire.clone() else { return };
-            let outcome = this.attempt(&ctx, epoch, &key, &record).await;
-            let Some(outcome) = outcome else { return };
-            let now = clock::now_ms();
+            let tocsin_core::FirePhase::InFlight { until_ms, .. } = fire.phase else { return };
+            let Some(outcome) = this.attempt(&ctx, epoch, &key, &record, until_ms).await else { return };
+            let now = ctx.clock.now_ms();
             let class = match &outcome {
                 Outcome::Delivered => {
                     metrics::histogram!("tocsin_delivery_latency_seconds", "namespace" => key.namespace.clone())
@@ -114,14 +127,17 @@ impl WebhookSender {
                 Outcome::Retry { error, retry_after_ms } => {
                     let backoff = tocsin_core::backoff::backoff_ms(&record.retry, fire.attempt, rand::random::<f64>());
                     let delay = backoff.max(retry_after_ms.unwrap_or(0));
-                    AttemptOutcome::Failed { error: error.clone(), retry_at_ms: now + delay }
+                    AttemptOutcome::Failed { error: error.clone(), retry_at_ms: now.saturating_add(delay) }
                 }
                 Outcome::Fenced => {
                     if ctx.confirm_leadership().await {
                         AttemptOutcome::Failed {
                             error: "receiver rejected a current epoch as stale".into(),
-                            retry_at_ms: now
-                                + tocsin_core::backoff::backoff_ms(&record.retry, fire.attempt, rand::random::<f64>()),
+                            retry_at_ms: now.saturating_add(tocsin_core::backoff::backoff_ms(
+                                &record.retry,
+                                fire.attempt,
+                                rand::random::<f64>(),
+                            )),
                         }
                     } else {
                         tracing::warn!(
@@ -135,16 +151,21 @@ impl WebhookSender {
             };
             let command =
                 Command::AttemptResult { key, fire_index: fire.fire_index, attempt: fire.attempt, outcome: class };
-            if let Err(e) = ctx.proposer.propose(command).await {
-                // The next leader redelivers: at-least-once.
-                tracing::debug!(shard = ctx.shard, error = %e, "could not record a webhook outcome");
-            }
+            record_outcome(&ctx, epoch, command).await;
         });
     }
 
-    /// Sends one attempt, or `None` if this node may no longer deliver for the
-    /// shard (the next leader takes over).
-    async fn attempt(&self, ctx: &ShardCtx, epoch: u64, key: &TimerKey, record: &TimerRecord) -> Option<Outcome> {
+    /// Sends one attempt, or `None` if it cannot be sent before its deadline
+    /// or this node may no longer deliver for the shard (the deadline, or
+    /// the next leader, starts the next attempt).
+    async fn attempt(
+        &self,
+        ctx: &ShardCtx,
+        epoch: u64,
+        key: &TimerKey,
+        record: &TimerRecord,
+        until_ms: u64,
+    ) -> Option<Outcome> {
         let tocsin_core::Callback::Webhook { url } = &record.callback else { return None };
         let endpoint = self.endpoint(url);
         if endpoint.queued.fetch_add(1, Ordering::SeqCst) >= self.config.per_endpoint_queue {
@@ -152,10 +173,29 @@ impl WebhookSender {
             metrics::counter!("tocsin_webhook_responses_total", "class" => "queue_full").increment(1);
             return Some(Outcome::Retry { error: "endpoint queue full".into(), retry_after_ms: None });
         }
-        let permit = endpoint.permits.clone().acquire_owned().await;
+        // Wait for a slot no longer than the attempt has: a busy (or dead)
+        // endpoint then counts as a failed attempt and backs off, rather than
+        // leaving the deadline to start attempt after attempt.
+        let slot_deadline = tokio::time::Instant::now()
+            + Duration::from_millis(until_ms.saturating_sub(ctx.clock.now_ms()).saturating_sub(RECORD_MARGIN_MS));
+        let permits = async {
+            let endpoint_permit = endpoint.permits.clone().acquire_owned().await.ok()?;
+            let global_permit = self.global.clone().acquire_owned().await.ok()?;
+            Some((endpoint_permit, global_permit))
+        };
+        let permits = tokio::time::timeout_at(slot_deadline, permits).await;
         endpoint.queued.fetch_sub(1, Ordering::SeqCst);
-        let _permit = permit.ok()?;
-        let _global = self.global.clone().acquire_owned().await.ok()?;
+        let _permits = match permits {
+            Ok(Some(permits)) => permits,
+            Ok(None) => return None,
+            Err(_) => {
+                metrics::counter!("tocsin_webhook_responses_total", "class" => "endpoint_busy").increment(1);
+                return Some(Outcome::Retry {
+                    error: "endpoint busy: no connection slot before the attempt's deadline".into(),
+                    retry_after_ms: None,
+                });
+            }
+        };
 
         // The lease gate, right before the send: a leader that lost its quorum
         // holds back until the lease returns or someone else leads.
@@ -163,18 +203,26 @@ impl WebhookSender {
             tokio::time::Instant::now() + Duration::from_millis(ctx.config.raft.election_timeout_max_ms * 4);
         while !ctx.may_dispatch(epoch) {
             if ctx.epoch() != Some(epoch) || tokio::time::Instant::now() > gate_deadline {
+                metrics::counter!("tocsin_webhook_attempts_abandoned_total", "reason" => "lease").increment(1);
                 return None;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // What is left of the attempt's time, less the time to record it.
+        let left_ms = until_ms.saturating_sub(ctx.clock.now_ms()).saturating_sub(RECORD_MARGIN_MS);
+        if left_ms < MIN_REQUEST_MS {
+            metrics::counter!("tocsin_webhook_attempts_abandoned_total", "reason" => "deadline").increment(1);
+            return None;
         }
 
         let body = DeliveryJson::from_record(ctx.shard, key, record);
         let body = serde_json::to_vec(&body).expect("delivery serializes");
         let fire_id = body_fire_id(ctx.shard, record);
-        let timestamp_s = clock::now_ms() / 1000;
+        let timestamp_s = ctx.clock.now_ms() / 1000;
         let mut request = self
             .client
             .post(url)
+            .timeout(Duration::from_millis(left_ms.min(self.config.webhook_timeout_ms)))
             .header("content-type", "application/json")
             .header("webhook-id", &fire_id)
             .header("webhook-timestamp", timestamp_s.to_string());
@@ -194,6 +242,34 @@ impl WebhookSender {
         };
         Some(outcome)
     }
+}
+
+/// Records an attempt's outcome, retrying while this node still leads under
+/// `epoch`: a proposal that fails (queue full, quorum briefly lost, timeout)
+/// is tried again rather than left to the attempt's deadline.
+async fn record_outcome(ctx: &ShardCtx, epoch: u64, command: Command) {
+    let mut delay = Duration::from_millis(20);
+    for attempt in 0..8 {
+        let proposed = match crate::fault::hit("webhook::record_outcome").await {
+            Some(_) => Err(ProposeError::Overloaded),
+            None => ctx.proposer.propose(command.clone()).await,
+        };
+        match proposed {
+            Ok(_) => return,
+            Err(ProposeError::NotLeader { .. } | ProposeError::Discarded { .. }) => return,
+            Err(e) if ctx.epoch() != Some(epoch) => {
+                tracing::debug!(shard = ctx.shard, error = %e, "could not record a webhook outcome; no longer leading");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(shard = ctx.shard, attempt, error = %e, "recording a webhook outcome failed; retrying");
+                metrics::counter!("tocsin_webhook_outcome_retries_total").increment(1);
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+    // The attempt's deadline starts the next attempt.
 }
 
 fn body_fire_id(shard: u32, record: &TimerRecord) -> String {

@@ -1,7 +1,9 @@
 //! The RocksDB state machine against `tocsin-core`'s in-memory reference
 //! table: the same log applied to both must give the same timers, the same
 //! fire-time and retention indexes, the same horizon counts and the same
-//! shard counters, however the entries are batched.
+//! shard counters, however the entries are batched. And the changes apply
+//! reports to its observer, replayed in order, rebuild the fire-time index
+//! exactly: the shard leader's wheel can follow the applied log alone.
 
 use std::collections::BTreeMap;
 
@@ -162,7 +164,23 @@ fn build_log(ops: &[Op], per_entry: usize) -> Vec<Proposal> {
     proposals
 }
 
-async fn check_same(sm: &StateMachine, proposals: &[Proposal], group: u64) {
+/// Records every index change apply reports, in order.
+#[derive(Default)]
+struct Recorder {
+    changes: std::sync::Mutex<Vec<(u64, tocsin_core::fire::IndexChange)>>,
+}
+
+impl tocsin_store::ApplyObserver for Recorder {
+    fn applied(&self, entries: &[tocsin_store::AppliedEntry<'_>]) {
+        let mut changes = self.changes.lock().unwrap();
+        for entry in entries {
+            assert_eq!(entry.commands.len(), entry.results.len());
+            changes.extend(entry.changes.iter().map(|c| (entry.index, c.clone())));
+        }
+    }
+}
+
+async fn check_same(sm: &StateMachine, proposals: &[Proposal], group: u64, recorded: &Recorder) {
     // Reference.
     let mut reference = MemTable::default();
     let mut meta = ShardMeta::default();
@@ -179,6 +197,43 @@ async fn check_same(sm: &StateMachine, proposals: &[Proposal], group: u64) {
     // Indexes.
     let due: Vec<_> = store.scan_due(group, 0, u64::MAX, usize::MAX).unwrap();
     assert_eq!(due, reference.due.iter().cloned().collect::<Vec<_>>());
+    // The loader's pages: the same entries, in the same order, each with what
+    // it is due for, at the applied index.
+    let page = store.due_page(group, &tocsin_core::fire::LoadFrom::Time(0), u64::MAX, usize::MAX).unwrap();
+    assert_eq!(page.applied_index, proposals.len() as u64);
+    let expected: Vec<_> = reference
+        .due
+        .iter()
+        .map(|(at, key)| {
+            let due = reference.timers[key].due().unwrap();
+            assert_eq!(due.at_ms, *at);
+            (tocsin_core::DuePos { due_ms: *at, key: key.clone() }, due.kind)
+        })
+        .collect();
+    assert_eq!(page.entries, expected);
+    // Paging in small pages after the last position finds the same entries.
+    let mut paged = Vec::new();
+    let mut from = tocsin_core::fire::LoadFrom::Time(0);
+    loop {
+        let page = store.due_page(group, &from, u64::MAX, 3).unwrap();
+        let Some((last, _)) = page.entries.last().cloned() else { break };
+        paged.extend(page.entries);
+        from = tocsin_core::fire::LoadFrom::After(last);
+    }
+    assert_eq!(paged, expected);
+    // The observer's changes, replayed in log order, rebuild the index.
+    let mut replayed = BTreeMap::new();
+    let changes = recorded.changes.lock().unwrap().clone();
+    assert!(changes.windows(2).all(|w| w[0].0 <= w[1].0), "changes arrive in log order");
+    for (_, change) in changes {
+        match change.due {
+            Some(due) => replayed.insert(change.key, due),
+            None => replayed.remove(&change.key),
+        };
+    }
+    let index: BTreeMap<_, _> = expected.iter().map(|(pos, kind)| (pos.key.clone(), (pos.due_ms, *kind))).collect();
+    let replayed: BTreeMap<_, _> = replayed.into_iter().map(|(k, d)| (k, (d.at_ms, d.kind))).collect();
+    assert_eq!(replayed, index);
     let retention = store.scan_time_index(keys::CF_RETENTION, group, 0, u64::MAX, usize::MAX).unwrap();
     assert_eq!(retention, reference.retention.iter().cloned().collect::<Vec<_>>());
     // Horizon counters, per (namespace, minute).
@@ -197,14 +252,15 @@ proptest! {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
         rt.block_on(async {
             let (_dir, store) = support::open_store();
-            let sm = StateMachine::open(store, 3).await.unwrap();
+            let recorder = std::sync::Arc::new(Recorder::default());
+            let sm = StateMachine::open_observed(store, 3, Some(recorder.clone())).await.unwrap();
             let proposals = build_log(&ops, per_entry);
             let entries: Vec<Entry> = proposals.iter().enumerate().map(|(i, p)| support::entry(1, i as u64 + 1, p.clone())).collect();
             // Apply in batches of several entries, as openraft does.
             for chunk in entries.chunks(apply_batch) {
                 support::apply(&sm, chunk.to_vec()).await;
             }
-            check_same(&sm, &proposals, 3).await;
+            check_same(&sm, &proposals, 3, &recorder).await;
         });
     }
 }

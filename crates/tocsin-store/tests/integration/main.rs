@@ -6,4 +6,5 @@ mod conformance;
 mod crash;
 mod isolation;
 mod metadata;
+mod ordering;
 mod support;

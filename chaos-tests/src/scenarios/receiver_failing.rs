@@ -1,0 +1,260 @@
+//! `receiver-failing` (matrix row 18): endpoints that fail in every way a
+//! webhook receiver does, next to a healthy one.
+//!
+//! The sink listens on two ports. Port 9000 carries the failing paths, each
+//! with `--failing-timers` timers due within five seconds: `/status/500`
+//! (the server's default retry policy), `/status/429?retry_after=2` and
+//! `/status/503?retry_after=3` (a policy whose own backoff, 0.1–1 s, is
+//! shorter than `Retry-After`, so only honouring the header spaces the
+//! retries that far), `/status/410`, and `/slow/20000` (answers after 20 s;
+//! the node's webhook timeout is 10 s). The steady load posts to port 9001,
+//! another endpoint for the node (its per-endpoint limits are per scheme,
+//! host and port); a small load to `/hook` on port 9000 shows what a
+//! healthy path sharing the failing endpoint sees (reported, not bounded).
+//! After 40 s every failing path but 410 is switched to healthy at run time.
+//!
+//! Checks: the healthy endpoint's fault-window lateness p99 < 1 s (the
+//! lateness figures cover its `s-…` timers only); 429 and 503 retries
+//! arrive no sooner than their `Retry-After`; 410 timers got exactly one
+//! attempt and are DEAD; each 500 timer's retry gaps grow (every gap is
+//! longer than the one two before it: the backoff doubles and its jitter
+//! spans half of each step); every slow timer was attempted again, each
+//! attempt at least the 10 s timeout after the one before; and once the
+//! paths recover, every timer but the 410 ones is delivered (I1).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use tocsin_client::v1 as pb;
+
+use crate::check;
+use crate::check::Report;
+use crate::cluster::SINK_PORT;
+use crate::driver;
+use crate::driver::Load;
+use crate::driver::NAMESPACE;
+use crate::driver::Recorder;
+use crate::driver::now_ms;
+use crate::observe;
+use crate::scenario::Bounds;
+use crate::scenario::NO_BOUNDS;
+use crate::scenario::Run;
+use crate::scenario::Scenario;
+use crate::scenario::Setup;
+use crate::scenario::sleep_rest;
+
+pub struct ReceiverFailing;
+
+/// The healthy endpoint's port.
+const HEALTHY_PORT: u16 = 9001;
+/// How long the failing paths fail.
+const FAILING_FOR: Duration = Duration::from_secs(40);
+/// The node's default webhook timeout.
+const WEBHOOK_TIMEOUT_MS: u64 = 10_000;
+
+/// One failing endpoint: id tag, path, retry policy.
+struct Endpoint {
+    tag: &'static str,
+    path: &'static str,
+    retry: Option<pb::RetryPolicy>,
+}
+
+fn endpoints() -> Vec<Endpoint> {
+    let short =
+        Some(pb::RetryPolicy { max_attempts: 50, initial_backoff_ms: 200, max_backoff_ms: 1_000, give_up_after_ms: 0 });
+    vec![
+        Endpoint { tag: "f500", path: "/status/500", retry: None },
+        Endpoint { tag: "f429", path: "/status/429?retry_after=2", retry: short },
+        Endpoint { tag: "f503", path: "/status/503?retry_after=3", retry: short },
+        Endpoint { tag: "f410", path: "/status/410", retry: None },
+        Endpoint { tag: "fslow", path: "/slow/20000", retry: None },
+    ]
+}
+
+impl Scenario for ReceiverFailing {
+    fn name(&self) -> &'static str {
+        "receiver-failing"
+    }
+    fn about(&self) -> &'static str {
+        "endpoints answering 500, 429 and 503 with Retry-After, 410, and after 20 s; a healthy endpoint beside them"
+    }
+    fn bounds(&self) -> Bounds {
+        Bounds { window_p99_ms: Some(1_000), ..NO_BOUNDS }
+    }
+    fn setup_options(&self, _args: &crate::Args) -> Setup {
+        let mut setup = Setup::default();
+        setup.nodes.sink_extra_ports = vec![HEALTHY_PORT];
+        setup
+    }
+    fn setup<'a>(&'a self, run: &'a mut Run) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            let ip = run.net.host("sink").ip.clone();
+            run.loads[0].url = format!("http://{ip}:{HEALTHY_PORT}/hook");
+            run.loads.push(Load {
+                tag: "h".into(),
+                rate: (run.args.rate / 20).max(1),
+                ..Load::steady(&run.cluster.sink_url, 0, run.args.cancel_fraction)
+            });
+            run.lateness_prefixes = vec!["s-".into()];
+            // A 500 timer refused just before the paths recover waits its
+            // next default-policy gap (up to 64 s after its seventh attempt)
+            // before it is delivered.
+            run.drain_limit = Duration::from_secs(60);
+            Ok(())
+        })
+    }
+    fn fault<'a>(&'a self, run: &'a mut Run) -> BoxFuture<'a, anyhow::Result<()>> {
+        Box::pin(async move {
+            let ip = run.net.host("sink").ip.clone();
+            let fault_start_ms = now_ms();
+            run.fault_start_ms = Some(fault_start_ms);
+            let gone = Recorder::new(&run.dir.join("gone-ops.ndjson"))?;
+            let base = now_ms() + 2_000;
+            let n = run.args.failing_timers.max(1);
+            for e in endpoints() {
+                let url = format!("http://{ip}:{SINK_PORT}{}", e.path);
+                let reqs: Vec<pb::CreateTimerRequest> = (0..n)
+                    .map(|i| driver::request(NAMESPACE, format!("{}-{i}", e.tag), base + i * 5_000 / n, &url, e.retry))
+                    .collect();
+                // The 410 timers are meant to die: they are kept out of I1.
+                let rec = if e.tag == "f410" { &gone } else { &run.rec };
+                let ok = driver::create_all(run.client(), rec, reqs).await;
+                println!("    {} timers for {} ({} acknowledged)", n, e.path, ok.len());
+            }
+            gone.flush();
+            sleep_rest(fault_start_ms, FAILING_FOR).await;
+            println!("    the failing paths recover (all but 410)");
+            observe::sink_modes(
+                &format!("http://{ip}:{SINK_PORT}"),
+                &["/status/500=ok", "/status/429=ok", "/status/503=ok", "/slow=ok"],
+            )
+            .await?;
+            run.notes.insert("recovered_ms", now_ms());
+            Ok(())
+        })
+    }
+    fn judge<'a>(&'a self, run: &'a mut Run, report: &'a Report) -> BoxFuture<'a, anyhow::Result<Vec<String>>> {
+        Box::pin(async move {
+            let mut failures = Vec::new();
+            let recovered_ms = run.notes.get("recovered_ms").copied().unwrap_or(u64::MAX);
+            println!("    healthy endpoint (own port): fault-window lateness {}", report.lateness_fault_window);
+            let same_origin = check::check(&check::Inputs {
+                ops: &run.ops,
+                deliveries: &run.deliveries,
+                fault: Some((run.fault_start_ms.unwrap_or(0), run.fault_end_ms.unwrap_or(0))),
+                lateness_prefixes: &["h-".to_string()],
+                early_tolerance_ms: 0,
+            })?;
+            println!(
+                "    healthy path on the failing endpoint's port (not bounded): fault-window lateness {}",
+                same_origin.lateness_fault_window
+            );
+            // Every request the sink saw, per timer, in arrival order.
+            let mut seen: BTreeMap<String, Vec<check::Delivery>> = BTreeMap::new();
+            for d in check::read_deliveries(&run.deliveries[0])? {
+                if d.id.starts_with('f') && d.verdict != "duplicate" {
+                    seen.entry(d.id.clone()).or_default().push(d);
+                }
+            }
+            let of = |tag: &str| -> Vec<&Vec<check::Delivery>> {
+                seen.iter().filter(|(id, _)| id.starts_with(&format!("{tag}-"))).map(|(_, v)| v).collect()
+            };
+            // 429 and 503: the retry after a refusal comes no sooner than Retry-After.
+            for (tag, retry_after_ms) in [("f429", 2_000u64), ("f503", 3_000)] {
+                let mut gaps = Vec::new();
+                for arrivals in of(tag) {
+                    for pair in arrivals.windows(2).filter(|p| p[0].verdict == "refused") {
+                        gaps.push(pair[1].recv_ms.saturating_sub(pair[0].recv_ms));
+                    }
+                }
+                let early = gaps.iter().filter(|g| **g < retry_after_ms).count();
+                println!(
+                    "    {tag}: {} retries after a refusal, gaps min {} ms, median {} ms (Retry-After {} ms); {early} too soon",
+                    gaps.len(),
+                    gaps.iter().min().unwrap_or(&0),
+                    check::Percentiles::of(gaps.clone()).p50_ms,
+                    retry_after_ms
+                );
+                if gaps.is_empty() {
+                    failures.push(format!("receiver-failing: {tag} timers were never retried"));
+                }
+                if early > 0 {
+                    failures.push(format!("receiver-failing: {early} {tag} retries came sooner than Retry-After"));
+                }
+            }
+            // 410: one attempt, then DEAD.
+            let gone = check::read_ops(&run.dir.join("gone-ops.ndjson"))?;
+            let mut not_dead = 0;
+            let mut retried = 0;
+            for op in gone.iter().filter(|o| o.outcome == "ok") {
+                if seen.get(&op.id).map_or(0, Vec::len) != 1 {
+                    retried += 1;
+                }
+                let timer = run.client().get_timer(NAMESPACE, &op.id).await?;
+                let attempts = timer.fire.as_ref().map_or(0, |f| f.attempt);
+                if timer.state != pb::timer::State::Dead as i32 || attempts != 1 {
+                    not_dead += 1;
+                }
+            }
+            println!(
+                "    f410: {} timers; {retried} not attempted exactly once at the sink; {not_dead} not DEAD after one attempt",
+                gone.len()
+            );
+            if retried + not_dead > 0 {
+                failures.push(format!(
+                    "receiver-failing: 410 timers must end DEAD after one attempt ({retried} attempted other than once, {not_dead} not DEAD)"
+                ));
+            }
+            // 500: growing gaps while refused.
+            let mut shrinking = 0;
+            let mut by_attempt: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+            for arrivals in of("f500") {
+                let refused: Vec<&check::Delivery> = arrivals.iter().filter(|d| d.verdict == "refused").collect();
+                let gaps: Vec<u64> = refused.windows(2).map(|p| p[1].recv_ms.saturating_sub(p[0].recv_ms)).collect();
+                for (i, g) in gaps.iter().enumerate() {
+                    by_attempt.entry(i as u32 + 1).or_default().push(*g);
+                }
+                if gaps.windows(3).any(|w| w[2] <= w[0]) {
+                    shrinking += 1;
+                }
+            }
+            let medians: Vec<String> = by_attempt
+                .iter()
+                .map(|(a, g)| format!("{a}→{}: {} ms", a + 1, check::Percentiles::of(g.clone()).p50_ms))
+                .collect();
+            println!("    f500: median gap after each refused attempt: {}", medians.join(", "));
+            if by_attempt.len() < 3 {
+                failures.push("receiver-failing: 500 timers were not retried often enough to see the backoff".into());
+            }
+            if shrinking > 0 {
+                failures.push(format!("receiver-failing: {shrinking} 500 timers' retry gaps did not grow"));
+            }
+            // Slow: attempted again, each at least the timeout after the last.
+            let mut once = 0;
+            let mut too_soon = 0;
+            let mut attempts = Vec::new();
+            for arrivals in of("fslow") {
+                let slow: Vec<&check::Delivery> =
+                    arrivals.iter().filter(|d| d.verdict == "slow" && d.recv_ms < recovered_ms).collect();
+                attempts.push(slow.len() as u64);
+                if slow.len() < 2 {
+                    once += 1;
+                }
+                too_soon +=
+                    slow.windows(2).filter(|p| p[1].recv_ms.saturating_sub(p[0].recv_ms) < WEBHOOK_TIMEOUT_MS).count();
+            }
+            let a = check::Percentiles::of(attempts);
+            println!(
+                "    fslow: attempts while slow p50 {} max {} (n={}); {once} attempted only once; {too_soon} retries sooner than the 10 s timeout",
+                a.p50_ms, a.max_ms, a.n
+            );
+            if once > 0 || too_soon > 0 {
+                failures.push(format!(
+                    "receiver-failing: slow attempts must time out and be retried ({once} timers attempted once, {too_soon} retries too soon)"
+                ));
+            }
+            Ok(failures)
+        })
+    }
+}

@@ -1,0 +1,305 @@
+//! Faults the chaos suite cannot inject from outside, injected from inside
+//! through the node's fault points (`FAILPOINTS`, test builds only): lost
+//! replies, outcomes that cannot be recorded, a stalled store writer, Raft
+//! RPCs lost on one link, and a destructive replica RPC with a false
+//! premise. Each was a way to strand a timer (issue 10's findings 1-3 and
+//! 8); each must now cost at most bounded lateness.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use tocsin_client::Client;
+use tocsin_client::ClientOptions;
+use tocsin_client::v1 as pb;
+
+use crate::support::NodeProcess;
+use crate::support::Receiver;
+use crate::support::free_ports;
+use crate::support::now_ms;
+use crate::support::percentiles;
+
+fn webhook_timer(namespace: &str, id: &str, fire_at_ms: u64, url: &str) -> pb::CreateTimerRequest {
+    let mut req = tocsin_client::webhook_timer(namespace, id, 0, url);
+    req.fire_time = Some(pb::create_timer_request::FireTime::FireAtMs(fire_at_ms));
+    req
+}
+
+/// Creates `n` webhook timers due over `[from, from + span)` ms from now, one
+/// call each (so a lost reply costs one retry), and returns their fire times.
+async fn create(client: &Client, ns: &str, n: usize, from_ms: u64, span_ms: u64, url: &str) -> HashMap<String, u64> {
+    use futures::StreamExt;
+    let base = now_ms() + from_ms;
+    let timers: Vec<(String, u64)> = (0..n).map(|i| (format!("t-{i}"), base + i as u64 * span_ms / n as u64)).collect();
+    let results: Vec<_> = futures::stream::iter(timers.clone())
+        .map(|(id, at)| {
+            let client = client.clone();
+            let url = url.to_string();
+            let ns = ns.to_string();
+            async move { client.create_timer(webhook_timer(&ns, &id, at, &url)).await.map(|_| id) }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    let failed: Vec<_> = results.iter().filter_map(|r| r.as_ref().err()).collect();
+    assert!(failed.is_empty(), "creates failed even with retries: {:?}", &failed[..failed.len().min(3)]);
+    timers.into_iter().collect()
+}
+
+/// Waits until every id in `want` reached the receiver (or `timeout`), and
+/// returns who is missing and the lateness of the first deliveries.
+async fn wait_delivered(
+    receiver: &Receiver,
+    want: &HashMap<String, u64>,
+    timeout: Duration,
+) -> (Vec<String>, Vec<u64>) {
+    let deadline = now_ms() + timeout.as_millis() as u64;
+    loop {
+        let seen = receiver.delivered();
+        let missing: Vec<String> = want.keys().filter(|id| !seen.contains_key(*id)).cloned().collect();
+        if missing.is_empty() || now_ms() > deadline {
+            let lateness =
+                want.iter().filter_map(|(id, at)| seen.get(id).map(|s| s[0].recv_ms.saturating_sub(*at))).collect();
+            let early: Vec<_> =
+                want.iter().filter(|(id, at)| seen.get(*id).is_some_and(|s| s[0].recv_ms < **at)).collect();
+            assert!(early.is_empty(), "delivered early: {early:?}");
+            return (missing, lateness);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn retrying_client_options() -> ClientOptions {
+    ClientOptions { request_timeout: Duration::from_secs(2), max_attempts: 30, ..Default::default() }
+}
+
+/// Findings 1 and 2: a third of all entries' replies are lost (creates,
+/// fires, outcomes alike). The wheel follows the applied log, not the
+/// replies: every timer is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lost_replies_strand_no_timer() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    let node = NodeProcess::start(
+        dir.path(),
+        &[("FAILPOINTS", "proposer::reply=30%return(drop)"), ("TOCSIN_ADMISSION__REQUEST_TIMEOUT_MS", "1000")],
+    );
+    let client = Client::with_options([node.grpc.clone()], retrying_client_options()).await.unwrap();
+    let want = create(&client, "lost", 400, 1_500, 3_000, &receiver.url).await;
+    let (missing, lateness) = wait_delivered(&receiver, &want, Duration::from_secs(30)).await;
+    println!("lost replies: lateness {}", percentiles(lateness));
+    assert!(
+        missing.is_empty(),
+        "{} timers never delivered, e.g. {:?}\n{}",
+        missing.len(),
+        &missing[..missing.len().min(5)],
+        node.log()
+    );
+}
+
+/// Finding 3, first half: recording an outcome fails twice, then works: the
+/// node retries it, so the receiver sees each timer once and it ends
+/// DELIVERED.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_outcome_that_fails_to_record_is_recorded_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    let node = NodeProcess::start(dir.path(), &[("FAILPOINTS", "webhook::record_outcome=2*return(error)")]);
+    let client = Client::connect([node.grpc.clone()]).await.unwrap();
+    let want = create(&client, "record", 20, 500, 500, &receiver.url).await;
+    let (missing, _) = wait_delivered(&receiver, &want, Duration::from_secs(10)).await;
+    assert!(missing.is_empty(), "never delivered: {missing:?}");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for id in want.keys() {
+        let t = client.get_timer("record", id).await.unwrap();
+        assert_eq!(t.state, pb::timer::State::Delivered as i32, "{id}: {t:?}");
+    }
+    let seen = receiver.delivered();
+    assert!(seen.values().all(|s| s.len() == 1), "delivered more than once: {seen:?}");
+}
+
+/// Finding 3, second half: an outcome that can never be recorded leaves the
+/// attempt in flight; at its deadline the same leader starts the next
+/// attempt (same epoch, same fire id), until attempts run out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_attempt_without_a_recorded_outcome_is_retried_at_its_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    let node = NodeProcess::start(
+        dir.path(),
+        &[("FAILPOINTS", "webhook::record_outcome=return(error)"), ("TOCSIN_DELIVERY__WEBHOOK_TIMEOUT_MS", "1000")],
+    );
+    let client = Client::connect([node.grpc.clone()]).await.unwrap();
+    let mut req = webhook_timer("deadline", "d-1", now_ms() + 300, &receiver.url);
+    req.retry = Some(pb::RetryPolicy { max_attempts: 3, ..Default::default() });
+    client.create_timer(req).await.unwrap();
+    let deadline = now_ms() + 15_000;
+    while now_ms() < deadline {
+        if client.get_timer("deadline", "d-1").await.unwrap().state == pb::timer::State::Dead as i32 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let t = client.get_timer("deadline", "d-1").await.unwrap();
+    assert_eq!(t.state, pb::timer::State::Dead as i32, "{t:?}\n{}", node.log());
+    let seen = receiver.delivered().remove("d-1").unwrap_or_default();
+    let attempts: Vec<u64> = seen.iter().map(|s| s.attempt).collect();
+    assert_eq!(attempts, vec![1, 2, 3], "one delivery per attempt, each after the last one's deadline");
+    assert!(seen.iter().all(|s| s.fire_id == seen[0].fire_id && s.epoch == seen[0].epoch));
+    assert!(seen.windows(2).all(|w| w[1].recv_ms >= w[0].recv_ms + 700), "retried before the deadline: {seen:?}");
+    assert!(t.fire.unwrap().last_error.contains("no outcome recorded before the attempt's deadline"));
+}
+
+/// A store writer that stalls for 3 s, twice: proposals time out with
+/// unknown outcomes (creates, fires, outcomes); nothing is stranded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_stalled_store_writer_strands_no_timer() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    let node = NodeProcess::start(
+        dir.path(),
+        &[("FAILPOINTS", "store::writer=1%2*return(delay:3000)"), ("TOCSIN_ADMISSION__REQUEST_TIMEOUT_MS", "1000")],
+    );
+    let client = Client::with_options([node.grpc.clone()], retrying_client_options()).await.unwrap();
+    let want = create(&client, "stall", 300, 1_000, 4_000, &receiver.url).await;
+    let (missing, lateness) = wait_delivered(&receiver, &want, Duration::from_secs(30)).await;
+    println!("stalled writer: lateness {}", percentiles(lateness));
+    assert!(missing.is_empty(), "{} never delivered, e.g. {:?}", missing.len(), &missing[..missing.len().min(5)]);
+}
+
+/// Finding 8: a `ReleaseShard` whose premise is false (the caller says this
+/// node is no voter; it is) deletes nothing: the node decides from its own
+/// committed membership.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_release_with_a_false_premise_deletes_nothing() {
+    use tocsin_client::v1::replica_control_client::ReplicaControlClient;
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    let node = NodeProcess::start(dir.path(), &[]);
+    let client = Client::connect([node.grpc.clone()]).await.unwrap();
+    let want = create(&client, "keep", 50, 60_000, 1_000, &receiver.url).await;
+    let mut control = ReplicaControlClient::connect(format!("http://{}", node.grpc)).await.unwrap();
+    for shard in 0..8 {
+        let err = control
+            .release_shard(pb::ReleaseShardRequest { shard, metadata: false, membership_index: u64::MAX >> 1 })
+            .await
+            .expect_err("a voter must refuse to drop its replica");
+        assert!(
+            matches!(err.code(), tonic::Code::Unavailable | tonic::Code::FailedPrecondition),
+            "shard {shard}: {err:?}"
+        );
+        let err = control
+            .release_shard(pb::ReleaseShardRequest { shard, metadata: false, membership_index: 0 })
+            .await
+            .expect_err("a voter must refuse to drop its replica");
+        assert_eq!(err.code(), tonic::Code::FailedPrecondition, "shard {shard}: {err:?}");
+    }
+    for id in want.keys() {
+        let t = client.get_timer("keep", id).await.unwrap();
+        assert_eq!(t.state, pb::timer::State::Scheduled as i32);
+    }
+}
+
+/// Half the Raft RPCs from node 1 to node 2 are lost: the three-node
+/// cluster keeps firing everything, and the replicas agree at the end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_lossy_raft_link_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    let ports = free_ports(6);
+    let addr = |i: usize| format!("127.0.0.1:{}", ports[i]);
+    let cluster: Vec<String> = (0..3).map(|i| format!("{}={}/{}", i + 1, addr(2 * i), addr(2 * i + 1))).collect();
+    let cluster = cluster.join(",");
+    let mut nodes: Vec<NodeProcess> = (0..3)
+        .map(|i| {
+            let env: &[(&str, &str)] = if i == 0 { &[("FAILPOINTS", "raft::to::2=50%return(drop)")] } else { &[] };
+            NodeProcess::start_member(
+                dir.path(),
+                i as u64 + 1,
+                &addr(2 * i),
+                &addr(2 * i + 1),
+                &["--initial-cluster", &cluster],
+                env,
+            )
+        })
+        .collect();
+    for n in &mut nodes {
+        n.wait_ready();
+    }
+    let client = Client::with_options(nodes.iter().map(|n| n.grpc.clone()), retrying_client_options()).await.unwrap();
+    let want = create(&client, "lossy", 300, 1_500, 3_000, &receiver.url).await;
+    let (missing, lateness) = wait_delivered(&receiver, &want, Duration::from_secs(30)).await;
+    println!("lossy link: lateness {}", percentiles(lateness));
+    assert!(missing.is_empty(), "{} never delivered, e.g. {:?}", missing.len(), &missing[..missing.len().min(5)]);
+}
+
+/// Finding 2: every `Fire` batch's outcomes are lost (the entries apply).
+/// The fire loop re-reads instead of guessing, and dispatch comes from the
+/// applied entries: each timer is delivered once, on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn lost_fire_outcomes_still_dispatch_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    let node = NodeProcess::start(dir.path(), &[("FAILPOINTS", "leader::fire_reply=return(drop)")]);
+    let client = Client::connect([node.grpc.clone()]).await.unwrap();
+    let want = create(&client, "fires", 200, 1_000, 2_000, &receiver.url).await;
+    let (missing, lateness) = wait_delivered(&receiver, &want, Duration::from_secs(20)).await;
+    println!("lost fire outcomes: lateness {}", percentiles(lateness.clone()));
+    assert!(missing.is_empty(), "{} never delivered, e.g. {:?}", missing.len(), &missing[..missing.len().min(5)]);
+    let seen = receiver.delivered();
+    assert!(seen.values().all(|s| s.len() == 1), "a lost outcome caused a second delivery");
+    let mut lateness = lateness;
+    lateness.sort_unstable();
+    assert!(lateness[lateness.len() * 99 / 100] < 1_000, "lateness p99 over a second: {lateness:?}");
+}
+
+/// The node closes consumers' Reserve streams after half of its messages
+/// (mid-batch, from the server's side); the client reopens them, and every
+/// pull timer is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn reserve_streams_closed_mid_batch_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(dir.path(), &[("FAILPOINTS", "pull::reserve_stream=50%return(drop)")]);
+    let client = Client::connect([node.grpc.clone()]).await.unwrap();
+    let due = now_ms() + 1_000;
+    let reqs: Vec<_> = (0..1_000).map(|i| tocsin_client::pull_timer("streams", &format!("p-{i}"), due, "q")).collect();
+    assert!(client.create_timers(reqs).await.iter().all(Result::is_ok));
+    let mut rx = client
+        .reserve(pb::ReserveRequest {
+            namespace: "streams".into(),
+            topic: "q".into(),
+            ttr_ms: 2_000,
+            max_batch: 50,
+            max_in_flight: 1_000,
+        })
+        .await
+        .unwrap();
+    let mut acked: HashMap<String, u64> = HashMap::new();
+    let deadline = now_ms() + 30_000;
+    while acked.len() < 1_000 && now_ms() < deadline {
+        if let Ok(Some(batch)) = tokio::time::timeout(Duration::from_secs(1), rx.recv()).await {
+            let refs: Vec<pb::DeliveryRef> = batch
+                .deliveries
+                .iter()
+                .map(|d| pb::DeliveryRef {
+                    namespace: d.namespace.clone(),
+                    id: d.id.clone(),
+                    fire_id: d.fire_id.clone(),
+                    attempt: d.attempt,
+                })
+                .collect();
+            let results = client.ack(refs).await.unwrap();
+            for (d, r) in batch.deliveries.iter().zip(results) {
+                if r.status == pb::ack_result::Status::Ok as i32 {
+                    acked.insert(d.id.clone(), now_ms());
+                }
+            }
+        }
+    }
+    let last = acked.values().copied().max().unwrap_or(0);
+    println!(
+        "closed streams: acked {} of 1000, the last {} ms after the fire time",
+        acked.len(),
+        last.saturating_sub(due)
+    );
+    assert_eq!(acked.len(), 1_000, "{} pull timers never delivered", 1_000 - acked.len());
+}
