@@ -76,7 +76,7 @@ fn dependency_direction() {
         assert!(!deps("tocsin-proto").contains(banned), "tocsin-proto links {banned}");
     }
     // Internal layering: each crate may only use the ones listed.
-    let allowed: [(&str, &[&str]); 7] = [
+    let allowed: [(&str, &[&str]); 8] = [
         ("tocsin-wheel", &[]),
         ("tocsin-core", &["tocsin-wheel"]),
         ("tocsin-proto", &[]),
@@ -87,7 +87,13 @@ fn dependency_direction() {
             "tocsin-cli",
             &["tocsin-core", "tocsin-proto", "tocsin-node", "tocsin-client", "tocsin-wheel", "tocsin-store"],
         ),
+        // The deterministic simulation: tocsin-core's rules under openraft and
+        // turmoil, never the RocksDB store nor the gRPC node.
+        ("tocsin-sim", &["tocsin-core"]),
     ];
+    for banned in ["librocksdb-sys", "rocksdb", "tonic"] {
+        assert!(!deps("tocsin-sim").contains(banned), "tocsin-sim links {banned}");
+    }
     for (krate, ok) in allowed {
         for dep in graph[krate].iter().filter(|d| d.starts_with("tocsin-")) {
             assert!(ok.contains(&dep.as_str()), "{krate} depends on {dep}, which ARCHITECTURE.md does not allow");
