@@ -205,6 +205,11 @@ pub struct FireCore {
     /// is in (changes were lost).
     rescan: bool,
     stats: FireStats,
+    /// The largest `now_ms` polled with. The node follows a confirmed
+    /// backward step of its wall clock, but the wheel has already passed the
+    /// old time: the core keeps to the shard's time, which never goes
+    /// backwards (the stamps apply checks "never early" against do not either).
+    clock_ms: u64,
 }
 
 impl FireCore {
@@ -222,6 +227,7 @@ impl FireCore {
             loading: None,
             rescan: false,
             stats: FireStats::default(),
+            clock_ms: now_ms,
         }
     }
 
@@ -401,6 +407,8 @@ impl FireCore {
     /// Everything to do at `now_ms`: a page to load, and up to
     /// `fire_budget` `Fire`s (in batches of at most `batch`).
     pub fn poll(&mut self, now_ms: u64, fire_budget: usize, batch: usize) -> Vec<Action> {
+        let now_ms = now_ms.max(self.clock_ms);
+        self.clock_ms = now_ms;
         let mut actions = Vec::new();
         let bound = now_ms.saturating_add(self.config.hot_window_ms);
         let caught_up = matches!(self.cursor, Cursor::Before(t) if t >= bound);

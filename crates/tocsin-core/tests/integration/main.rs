@@ -2,5 +2,6 @@
 
 mod apply_model;
 mod apply_rules;
+mod clock_step;
 mod cluster_model;
 mod fire_model;
