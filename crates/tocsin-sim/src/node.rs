@@ -86,7 +86,6 @@ pub struct Node {
     /// The epoch this node fires under, while its leader loop runs.
     leading: Mutex<Option<u64>>,
     last_stamp_ms: Mutex<u64>,
-    fire_clock_last_ms: Mutex<u64>,
     pull: Mutex<PullQueue>,
     /// splitmix64 state for backoff jitter.
     rng: Mutex<u64>,
@@ -146,7 +145,6 @@ pub async fn run(shared: Arc<Shared>, id: u64, incarnation: u64) -> turmoil::Res
         events,
         leading: Mutex::new(None),
         last_stamp_ms: Mutex::new(0),
-        fire_clock_last_ms: Mutex::new(0),
         pull: Mutex::default(),
         rng: Mutex::new(shared.seed ^ (id << 32) ^ incarnation.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         generation: Mutex::new(0),
@@ -173,13 +171,10 @@ impl Node {
     /// The clock the fire loop and the stamps use (the `early_ms` mutation
     /// moves it forward, as a broken clock guard would let a fast clock).
     fn fire_clock_ms(&self) -> u64 {
-        // Never backwards: `FireCore` assumes a clock that does not step back
-        // (its wheel has already moved past the old time; see the crate docs
-        // on what the simulation found), while clock faults here step the
-        // wall clock both ways.
-        let mut last = self.fire_clock_last_ms.lock().unwrap();
-        *last = (*last).max(self.now_ms() + self.shared.knobs.early_ms);
-        *last
+        // Clock faults step this both ways; `FireCore` keeps to the largest
+        // time it was polled with (the simulation found it asserting on a
+        // backward step before it did).
+        self.now_ms() + self.shared.knobs.early_ms
     }
 
     /// The time stamped into the next entry: never behind the last one.
