@@ -46,6 +46,17 @@ use std::time::UNIX_EPOCH;
 pub const ALONE_ACCEPT_MS: u64 = 5_000;
 /// A peer measurement older than this does not count.
 const PEER_FRESH_MS: u64 = 3_000;
+/// The min-filter bucket of one-way samples: the estimate is the smallest
+/// sample of the current and the previous bucket.
+const ONE_WAY_BUCKET_MS: u64 = 1_500;
+
+/// A peer's one-way samples, reduced to two buckets' minimums.
+#[derive(Clone, Copy, Debug)]
+struct OneWay {
+    cur_min: i64,
+    cur_start: u64,
+    prev_min: Option<i64>,
+}
 
 /// Unix milliseconds now, from the system clock alone (no guard, no test
 /// offset): for file names and logs, never for timers.
@@ -79,6 +90,8 @@ pub struct Guard {
     /// `peer → (offset of this node's wall clock to the peer's, ms; when the
     /// measuring request was sent, monotonic ms)`.
     peers: HashMap<u64, (i64, u64)>,
+    /// One-way samples per peer, min-filtered (see [`Guard::record_one_way`]).
+    one_way: HashMap<u64, OneWay>,
     /// The largest time handed out: trusted time never goes backwards, except
     /// to follow a step the peers confirmed.
     last_ms: u64,
@@ -86,7 +99,36 @@ pub struct Guard {
 
 impl Guard {
     pub fn new(max_offset_ms: u64) -> Guard {
-        Guard { max_offset_ms, anchor: None, jumped_since_mono_ms: None, peers: HashMap::new(), last_ms: 0 }
+        Guard {
+            max_offset_ms,
+            anchor: None,
+            jumped_since_mono_ms: None,
+            peers: HashMap::new(),
+            one_way: HashMap::new(),
+            last_ms: 0,
+        }
+    }
+
+    /// Records a one-way sample: a request from `peer` stamped with its wall
+    /// clock, received at `mono_ms`. The sample is this node's offset plus
+    /// the request's delay, which is never negative and on a loaded node
+    /// reaches seconds (measured: 0.7–2 s under the chaos load, which made
+    /// healthy nodes hand their leaderships over and leave shards without a
+    /// leader). So, as NTP does, the peer's offset is the smallest sample of
+    /// the last [`ONE_WAY_BUCKET_MS`] to two buckets: one request that got
+    /// through quickly is enough to bound the offset.
+    pub fn record_one_way(&mut self, peer: u64, offset_ms: i64, mono_ms: u64) {
+        let w = self.one_way.entry(peer).or_insert(OneWay { cur_min: offset_ms, cur_start: mono_ms, prev_min: None });
+        let age = mono_ms.saturating_sub(w.cur_start);
+        if age >= ONE_WAY_BUCKET_MS {
+            w.prev_min = (age < 2 * ONE_WAY_BUCKET_MS).then_some(w.cur_min);
+            w.cur_min = offset_ms;
+            w.cur_start = mono_ms;
+        } else {
+            w.cur_min = w.cur_min.min(offset_ms);
+        }
+        let estimate = w.prev_min.map_or(w.cur_min, |p| p.min(w.cur_min));
+        self.peers.insert(peer, (estimate, mono_ms));
     }
 
     /// Records one measurement of this node's offset to `peer`, by a request
@@ -98,6 +140,7 @@ impl Guard {
     /// Forgets a peer (it left the cluster).
     pub fn forget_peer(&mut self, peer: u64) {
         self.peers.remove(&peer);
+        self.one_way.remove(&peer);
     }
 
     /// Offsets of the peers measured by requests sent in the last
@@ -273,7 +316,7 @@ impl Clock {
         }
         let offset_ms = self.wall_ms() as i64 - peer_sent_wall_ms as i64;
         let mono = self.mono_ms();
-        self.guard.lock().expect("clock lock").0.record_peer(peer, offset_ms, mono);
+        self.guard.lock().expect("clock lock").0.record_one_way(peer, offset_ms, mono);
     }
 
     pub fn forget_peer(&self, peer: u64) {
@@ -343,6 +386,33 @@ mod tests {
     use super::*;
 
     const T: u64 = 1_800_000_000_000;
+
+    /// Seen in the disk-full chaos row: under load, requests queued for
+    /// 0.7–2 s made followers' one-way samples say their clocks were off;
+    /// they handed their leaderships over and shards went without a leader.
+    /// One quick request in the window must be enough to bound the offset,
+    /// and a real offset must still show.
+    #[test]
+    fn delayed_requests_do_not_make_a_clock_look_off() {
+        let mut g = Guard::new(500);
+        g.observe(T, 0);
+        for (i, delay_ms) in [5, 2_000, 1_800, 900, 2_100, 700, 1_500].into_iter().enumerate() {
+            let at = 100 + i as u64 * 200;
+            g.record_one_way(2, delay_ms, at);
+            g.record_one_way(3, delay_ms, at);
+            let (_, status) = g.observe(T + at, at);
+            assert_eq!(status, ClockStatus::Trusted, "after a {delay_ms} ms delay");
+        }
+        // A clock that really is 30 s ahead shows through every sample.
+        let mut g = Guard::new(500);
+        g.observe(T, 0);
+        for i in 0..5u64 {
+            g.record_one_way(2, 30_000 + 5, 100 + i * 200);
+            g.record_one_way(3, 30_000 + 5, 100 + i * 200);
+        }
+        let (_, status) = g.observe(T + 1_000, 1_000);
+        assert!(matches!(status, ClockStatus::Unsafe { .. }), "{status:?}");
+    }
 
     #[test]
     fn follows_a_steady_clock() {
