@@ -1,7 +1,7 @@
 //! How a shard leader's fire loop hears about the applied log.
 //!
 //! The shard's state machine calls [`EventSink::applied`] (it is the
-//! group's `ApplyObserver`) once a batch of entries is durable, in log
+//! group's `ApplyObserver`) once a batch of entries is written, in log
 //! order, whoever proposed them and whether or not anyone still waits for
 //! them. The sink hands each entry's fire-time index changes, and the
 //! timers its `Fire` commands dispatched, to the leader task attached to

@@ -4,11 +4,16 @@
 //! Apply reads through an overlay (so later commands of a batch see earlier
 //! ones), collects every change — timer rows, fire-time and retention index
 //! entries, horizon counters, the shard's meta, `last_applied` and the
-//! membership — into one `WriteBatch`, writes it durably, and only then
-//! answers openraft. A broken invariant stops the group: apply returns an
-//! error, which openraft treats as fatal.
+//! membership — into one `WriteBatch`, writes it, and answers openraft once
+//! it is readable, without waiting for the WAL sync that covers it. The log
+//! is the durable record: every applied entry was synced in the log first,
+//! and the apply batch follows it in the node's one WAL, so a crash loses at
+//! most a suffix of apply batches, never a part of one, and openraft applies
+//! that suffix again from the log (`last_applied` is in the same batch). A
+//! broken invariant stops the group: apply returns an error, which openraft
+//! treats as fatal.
 //!
-//! Once a batch is durable, and before openraft hears of it, the group's
+//! Once a batch is written, and before openraft hears of it, the group's
 //! [`ApplyObserver`] (the shard leader's fire loop, on the node) is told
 //! what every entry did, in log order: each timer whose fire-time index
 //! entry moved, and each command's result. That is how the leader's wheel
@@ -73,7 +78,7 @@ pub struct AppliedEntry<'a> {
 }
 
 /// Hears about every applied entry of a group, in log order, once it is
-/// durable. Called on openraft's state machine task: it must not block.
+/// written (see the module's note on durability). Called on openraft's state machine task: it must not block.
 pub trait ApplyObserver: Send + Sync + 'static {
     fn applied(&self, entries: &[AppliedEntry<'_>]);
 }
@@ -143,7 +148,7 @@ impl StateMachine {
     }
 
     /// Applies `entries` (consecutive, after the last applied one) in one
-    /// durable write and returns each entry's response.
+    /// write and returns each entry's response.
     pub async fn apply_entries(&self, entries: Vec<Entry>) -> io::Result<Vec<ApplyResponse>> {
         if entries.is_empty() {
             return Ok(Vec::new());
@@ -154,9 +159,12 @@ impl StateMachine {
             Ok::<_, io::Error>((batch, responses, entries, changes))
         })
         .await??;
-        // Timers, indexes, counters and last_applied become durable together;
-        // only then does anyone hear about them.
-        self.store.write_durable(batch).await?;
+        // Timers, indexes, counters and last_applied are written together;
+        // only then does anyone hear about them. No wait for the WAL sync:
+        // the entries are already durable in the log, which is ahead of this
+        // batch in the same WAL (module note). A failed sync latches the
+        // store failed, and the next log append stops the group.
+        self.store.write_then(batch, |_| {}).await?;
         if let Some(observer) = &self.observer {
             let applied: Vec<AppliedEntry<'_>> = entries
                 .iter()
