@@ -193,8 +193,19 @@ fn reply_to<T: DeserializeOwned>(reply: pb::RaftReply) -> Result<T, RPCError<C>>
     decode(&reply.payload).map_err(|e| RPCError::Network(NetworkError::from_string(e)))
 }
 
+/// One unary Raft RPC to `$target`, answered within `$deadline`.
+///
+/// The call runs detached, under its own [`RouterInner::rpc_timeout`]: when
+/// openraft gives up on it first (it drops heartbeats and votes after its own
+/// short TTL, 50 ms for a heartbeat), the call still completes instead of
+/// being reset. A dropped gRPC call resets its HTTP/2 stream, and a server
+/// that receives more than 20 resets of streams it has not accepted yet
+/// (h2's rapid-reset guard) closes the whole connection, failing every
+/// group's RPCs to that peer at once. On two busy cores that turned missed
+/// heartbeats into connection losses and elections, again and again after a
+/// partition healed (chaos `flapping-partitions`).
 macro_rules! unary_rpc {
-    ($self:ident, $target:ident, $group:ident, $option:ident, $method:ident, $msg:ident, $rpc:expr) => {{
+    ($self:ident, $target:ident, $group:ident, $deadline:expr, $method:ident, $msg:ident, $rpc:expr) => {{
         let mut client = $self.client($target)?;
         if crate::fault::hit(&format!("raft::to::{}", $target)).await.is_some() {
             return Err(RPCError::Unreachable(Unreachable::from_string("dropped by a fault point")));
@@ -206,18 +217,26 @@ macro_rules! unary_rpc {
             payload: encode(&$rpc).into(),
             sent_at_ms: sent_wall_ms,
         };
-        let deadline = $self.deadline(&$option);
-        match tokio::time::timeout(deadline, client.$method(request)).await {
-            Ok(Ok(resp)) => {
+        let deadline: Duration = $deadline;
+        let rpc_timeout = $self.inner.rpc_timeout;
+        let call = tokio::spawn(async move { tokio::time::timeout(rpc_timeout, client.$method(request)).await });
+        match tokio::time::timeout(deadline, call).await {
+            Ok(Ok(Ok(Ok(resp)))) => {
                 let resp = resp.into_inner();
                 $self.inner.clock.record_peer($target, sent_wall_ms, sent, resp.replied_at_ms);
                 reply_to(resp)
             }
-            Ok(Err(status)) => Err(status_to_rpc(status)),
-            Err(_) => Err(RPCError::Unreachable(Unreachable::from_string(format!(
-                "{} to node {} timed out after {deadline:?}",
+            Ok(Ok(Ok(Err(status)))) => Err(status_to_rpc(status)),
+            Ok(Err(join)) => Err(RPCError::Unreachable(Unreachable::from_string(format!(
+                "{} to node {}: {join}",
                 stringify!($method),
                 $target
+            )))),
+            Ok(Ok(Err(_))) | Err(_) => Err(RPCError::Unreachable(Unreachable::from_string(format!(
+                "{} to node {} timed out after {:?}",
+                stringify!($method),
+                $target,
+                deadline.min(rpc_timeout)
             )))),
         }
     }};
@@ -231,9 +250,12 @@ impl GroupRouter<C, GroupId> for Router {
         target: u64,
         group_id: GroupId,
         rpc: AppendEntriesRequest<C>,
-        option: RPCOption,
+        _option: RPCOption,
     ) -> Result<AppendEntriesResponse<C>, RPCError<C>> {
-        unary_rpc!(self, target, group_id, option, append_entries, AppendEntriesRpc, rpc)
+        // openraft's TTL for an append is the heartbeat interval (50 ms), which
+        // a follower's fsync on a loaded node often exceeds; failing the append
+        // then only makes the leader send it again after a back-off.
+        unary_rpc!(self, target, group_id, self.inner.rpc_timeout, append_entries, AppendEntriesRpc, rpc)
     }
 
     async fn vote(
@@ -243,7 +265,7 @@ impl GroupRouter<C, GroupId> for Router {
         rpc: VoteRequest<C>,
         option: RPCOption,
     ) -> Result<VoteResponse<C>, RPCError<C>> {
-        unary_rpc!(self, target, group_id, option, vote, VoteRpc, rpc)
+        unary_rpc!(self, target, group_id, self.deadline(&option), vote, VoteRpc, rpc)
     }
 
     async fn pre_vote(
@@ -253,7 +275,7 @@ impl GroupRouter<C, GroupId> for Router {
         rpc: VoteRequest<C>,
         option: RPCOption,
     ) -> Result<VoteResponse<C>, RPCError<C>> {
-        unary_rpc!(self, target, group_id, option, pre_vote, PreVoteRpc, rpc)
+        unary_rpc!(self, target, group_id, self.deadline(&option), pre_vote, PreVoteRpc, rpc)
     }
 
     async fn transfer_leader(
@@ -263,7 +285,7 @@ impl GroupRouter<C, GroupId> for Router {
         req: TransferLeaderRequest<C>,
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<C>, RPCError<C>> {
-        unary_rpc!(self, target, group_id, option, transfer_leader, TransferLeaderRpc, req)
+        unary_rpc!(self, target, group_id, self.deadline(&option), transfer_leader, TransferLeaderRpc, req)
     }
 
     async fn full_snapshot(
