@@ -56,6 +56,7 @@ struct OneWay {
     cur_min: i64,
     cur_start: u64,
     prev_min: Option<i64>,
+    prev_start: u64,
 }
 
 /// Unix milliseconds now, from the system clock alone (no guard, no test
@@ -118,17 +119,31 @@ impl Guard {
     /// the last [`ONE_WAY_BUCKET_MS`] to two buckets: one request that got
     /// through quickly is enough to bound the offset.
     pub fn record_one_way(&mut self, peer: u64, offset_ms: i64, mono_ms: u64) {
-        let w = self.one_way.entry(peer).or_insert(OneWay { cur_min: offset_ms, cur_start: mono_ms, prev_min: None });
+        let w = self.one_way.entry(peer).or_insert(OneWay {
+            cur_min: offset_ms,
+            cur_start: mono_ms,
+            prev_min: None,
+            prev_start: mono_ms,
+        });
         let age = mono_ms.saturating_sub(w.cur_start);
         if age >= ONE_WAY_BUCKET_MS {
             w.prev_min = (age < 2 * ONE_WAY_BUCKET_MS).then_some(w.cur_min);
+            w.prev_start = w.cur_start;
             w.cur_min = offset_ms;
             w.cur_start = mono_ms;
         } else {
             w.cur_min = w.cur_min.min(offset_ms);
         }
-        let estimate = w.prev_min.map_or(w.cur_min, |p| p.min(w.cur_min));
-        self.peers.insert(peer, (estimate, mono_ms));
+        // The estimate is dated by the start of the bucket it comes from, the
+        // earliest its sample can be: a minimum taken over samples from
+        // before a wall-clock jump must not count as a measurement after it,
+        // or it would confirm the jump as a correction (seen in the chaos
+        // `clock-forward` row: a +30 s step followed, timers fired early).
+        let (estimate, dated) = match w.prev_min {
+            Some(p) if p <= w.cur_min => (p, w.prev_start),
+            _ => (w.cur_min, w.cur_start),
+        };
+        self.peers.insert(peer, (estimate, dated));
     }
 
     /// Records one measurement of this node's offset to `peer`, by a request
@@ -444,6 +459,36 @@ mod tests {
         g.record_peer(3, 0, 300);
         let (now, status) = g.observe(T + 300, 300);
         assert_eq!((now, status), (T + 300, ClockStatus::Trusted));
+    }
+
+    #[test]
+    fn one_way_samples_from_before_a_jump_do_not_confirm_it() {
+        let mut g = Guard::new(500);
+        g.observe(T, 0);
+        // Followers hear requests from peers 2 and 3: offsets of a few ms.
+        for t in (0..1_400).step_by(100) {
+            g.record_one_way(2, 5, t);
+            g.record_one_way(3, 5, t);
+        }
+        // The wall clock jumps 30 s ahead; the next requests measure it so.
+        let (now, status) = g.observe(T + 1_600 + 30_000, 1_600);
+        assert_eq!((now, status), (T + 1_600, ClockStatus::Jumped { jump_ms: 30_000 }));
+        g.record_one_way(2, 30_005, 1_650);
+        g.record_one_way(3, 30_005, 1_650);
+        // The minimum over both buckets still says 5 ms, but it was measured
+        // before the jump: the jump stays unconfirmed, nothing comes early.
+        let (now, status) = g.observe(T + 1_700 + 30_000, 1_700);
+        assert_eq!(now, T + 1_700);
+        assert_eq!(status, ClockStatus::Jumped { jump_ms: 30_000 });
+        // Once only samples from after the jump remain, the peers call the
+        // node off: unsafe.
+        for t in (1_700..4_800).step_by(100) {
+            g.record_one_way(2, 30_005, t);
+            g.record_one_way(3, 30_005, t);
+        }
+        let (now, status) = g.observe(T + 4_800 + 30_000, 4_800);
+        assert_eq!(now, T + 4_800);
+        assert_eq!(status, ClockStatus::Unsafe { offset_ms: 30_005 });
     }
 
     #[test]

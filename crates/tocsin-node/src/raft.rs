@@ -219,13 +219,18 @@ macro_rules! unary_rpc {
         };
         let deadline: Duration = $deadline;
         let rpc_timeout = $self.inner.rpc_timeout;
-        let call = tokio::spawn(async move { tokio::time::timeout(rpc_timeout, client.$method(request)).await });
-        match tokio::time::timeout(deadline, call).await {
-            Ok(Ok(Ok(Ok(resp)))) => {
-                let resp = resp.into_inner();
-                $self.inner.clock.record_peer($target, sent_wall_ms, sent, resp.replied_at_ms);
-                reply_to(resp)
+        let (clock, target) = ($self.inner.clock.clone(), $target);
+        let call = tokio::spawn(async move {
+            let result = tokio::time::timeout(rpc_timeout, client.$method(request)).await;
+            // Measured here, so that a reply openraft no longer waits for
+            // still measures the peer's clock.
+            if let Ok(Ok(resp)) = &result {
+                clock.record_peer(target, sent_wall_ms, sent, resp.get_ref().replied_at_ms);
             }
+            result
+        });
+        match tokio::time::timeout(deadline, call).await {
+            Ok(Ok(Ok(Ok(resp)))) => reply_to(resp.into_inner()),
             Ok(Ok(Ok(Err(status)))) => Err(status_to_rpc(status)),
             Ok(Err(join)) => Err(RPCError::Unreachable(Unreachable::from_string(format!(
                 "{} to node {}: {join}",
