@@ -171,7 +171,7 @@ fn apply_child_entry(index: u64) -> Entry {
     if index == 1 {
         commands.insert(0, Command::LeaderEpoch { leader: 1 });
     }
-    if index % 4 == 0 {
+    if index.is_multiple_of(4) {
         commands.push(Command::Cancel { key: TimerKey::new("orders", format!("t-{}", index - 1)) });
     }
     support::entry(1, index, Proposal { now_ms, commands })
