@@ -68,6 +68,12 @@ impl Admission {
         self.disk_low.load(Ordering::Relaxed)
     }
 
+    /// The flag behind [`Admission::disk_low`], for the Raft transport to
+    /// tell peers (see `raft.rs`).
+    pub fn disk_low_flag(&self) -> Arc<AtomicBool> {
+        self.disk_low.clone()
+    }
+
     pub fn free_disk_bytes(&self) -> u64 {
         self.free_bytes.load(Ordering::Relaxed)
     }

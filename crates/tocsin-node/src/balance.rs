@@ -134,6 +134,12 @@ pub async fn run(node: Arc<NodeState>) {
                 // Its clock is off: it would not fire, and hands leaderships back.
                 continue;
             }
+            if node.router.peer_low_disk(want) {
+                // Its free disk is low: it refuses creates and hands leaderships
+                // back (seen in the chaos `disk-full-leader` row: the same shards
+                // went to it and back every 5-10 s while its disk was full).
+                continue;
+            }
             tracing::info!(shard = ctx.shard, to = want, "handing leadership to the preferred node");
             last_move.insert(ctx.shard, Instant::now());
             let _ = ctx.raft.trigger().transfer_leader(want).await;
@@ -249,7 +255,10 @@ pub async fn watch_health(node: Arc<NodeState>) {
             if last_handover.get(group).is_some_and(|t| t.elapsed() < cooldown) {
                 continue;
             }
-            if let Some(to) = healthy_voters(raft, node.node_id).first() {
+            // A voter short of disk itself would only hand it back.
+            let voters = healthy_voters(raft, node.node_id);
+            let to = voters.iter().find(|v| !node.router.peer_low_disk(**v)).or(voters.first());
+            if let Some(to) = to {
                 let why = if is_unsafe { "this node's clock is off" } else { "this node's free disk is low" };
                 tracing::warn!(group, to, why, "handing leadership over");
                 last_handover.insert(*group, Instant::now());

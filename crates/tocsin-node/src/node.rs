@@ -650,6 +650,7 @@ async fn serve_grpc(
         state.groups.clone(),
         spool,
         state.clock.clone(),
+        state.admission.disk_low_flag(),
     ))
     .max_decoding_message_size(64 << 20)
     .max_encoding_message_size(64 << 20);

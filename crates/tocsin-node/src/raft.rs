@@ -12,6 +12,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::RwLock;
 use std::time::Duration;
+use std::time::Instant;
 
 use openraft::error::NetworkError;
 use openraft::error::RPCError;
@@ -48,6 +49,8 @@ type C = TypeConfig;
 
 /// Bytes per snapshot chunk.
 const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
+/// How long a peer's "my free disk is low" counts after the reply that said it.
+const LOW_DISK_FRESH: Duration = Duration::from_secs(3);
 
 /// How much slower the metadata group's heartbeats and elections are than
 /// a shard's: nothing waits on it but cluster operations, and every group's
@@ -105,6 +108,8 @@ struct RouterInner {
     /// Measures this node's clock offset to each peer from the replies.
     clock: Arc<Clock>,
     peers: RwLock<HashMap<u64, (String, RaftTransportClient<Channel>)>>,
+    /// Peers whose last reply said their free disk is low, and when.
+    low_disk: Arc<std::sync::Mutex<HashMap<u64, (bool, Instant)>>>,
     /// Snapshot bytes sent per group: the progress of a replica catching up.
     snapshot_bytes: RwLock<HashMap<GroupId, u64>>,
 }
@@ -117,6 +122,7 @@ impl Router {
                 rpc_timeout,
                 clock,
                 peers: RwLock::new(HashMap::new()),
+                low_disk: Arc::new(std::sync::Mutex::new(HashMap::new())),
                 snapshot_bytes: RwLock::new(HashMap::new()),
             }),
         }
@@ -155,6 +161,18 @@ impl Router {
             }
             Err(e) => tracing::warn!(target, addr, error = %e, "bad peer address"),
         }
+    }
+
+    /// Whether `peer` said in a reply of the last [`LOW_DISK_FRESH`] that its
+    /// free disk is below its watermark: it would refuse creates and hand a
+    /// leadership straight back (the balancer and the handover skip it).
+    pub fn peer_low_disk(&self, peer: u64) -> bool {
+        self.inner
+            .low_disk
+            .lock()
+            .expect("low-disk lock")
+            .get(&peer)
+            .is_some_and(|(low, at)| *low && at.elapsed() < LOW_DISK_FRESH)
     }
 
     fn client(&self, target: u64) -> Result<RaftTransportClient<Channel>, Unreachable<C>> {
@@ -219,13 +237,14 @@ macro_rules! unary_rpc {
         };
         let deadline: Duration = $deadline;
         let rpc_timeout = $self.inner.rpc_timeout;
-        let (clock, target) = ($self.inner.clock.clone(), $target);
+        let (clock, low_disk, target) = ($self.inner.clock.clone(), $self.inner.low_disk.clone(), $target);
         let call = tokio::spawn(async move {
             let result = tokio::time::timeout(rpc_timeout, client.$method(request)).await;
             // Measured here, so that a reply openraft no longer waits for
             // still measures the peer's clock.
             if let Ok(Ok(resp)) = &result {
                 clock.record_peer(target, sent_wall_ms, sent, resp.get_ref().replied_at_ms);
+                low_disk.lock().expect("low-disk lock").insert(target, (resp.get_ref().low_disk, Instant::now()));
             }
             result
         });
@@ -416,11 +435,22 @@ pub struct TransportService {
     spool_dir: std::path::PathBuf,
     /// Every reply carries this node's wall clock (peers measure offsets).
     clock: Arc<Clock>,
+    /// And whether its free disk is below the watermark.
+    low_disk: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl TransportService {
-    pub fn new(groups: Groups, spool_dir: std::path::PathBuf, clock: Arc<Clock>) -> TransportService {
-        TransportService { groups, spool_dir, clock }
+    pub fn new(
+        groups: Groups,
+        spool_dir: std::path::PathBuf,
+        clock: Arc<Clock>,
+        low_disk: Arc<std::sync::atomic::AtomicBool>,
+    ) -> TransportService {
+        TransportService { groups, spool_dir, clock, low_disk }
+    }
+
+    fn low_disk(&self) -> bool {
+        self.low_disk.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn group(&self, group_id: GroupId) -> Result<Raft, pb::RaftReply> {
@@ -429,18 +459,27 @@ impl TransportService {
             error: String::new(),
             unknown_group: true,
             replied_at_ms: self.clock.wall_ms(),
+            low_disk: self.low_disk(),
         })
     }
 
     fn reply<T: Serialize, E: std::fmt::Display>(&self, result: Result<T, E>) -> tonic::Response<pb::RaftReply> {
         let replied_at_ms = self.clock.wall_ms();
         tonic::Response::new(match result {
-            Ok(v) => {
-                pb::RaftReply { payload: encode(&v).into(), error: String::new(), unknown_group: false, replied_at_ms }
-            }
-            Err(e) => {
-                pb::RaftReply { payload: Default::default(), error: e.to_string(), unknown_group: false, replied_at_ms }
-            }
+            Ok(v) => pb::RaftReply {
+                payload: encode(&v).into(),
+                error: String::new(),
+                unknown_group: false,
+                replied_at_ms,
+                low_disk: self.low_disk(),
+            },
+            Err(e) => pb::RaftReply {
+                payload: Default::default(),
+                error: e.to_string(),
+                unknown_group: false,
+                replied_at_ms,
+                low_disk: self.low_disk(),
+            },
         })
     }
 }
