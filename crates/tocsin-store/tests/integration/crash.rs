@@ -86,33 +86,22 @@ fn acknowledged_appends_survive_sigkill() {
         // Each round starts a fresh log in its own directory.
         let dir = base.path().join(format!("round-{round}"));
         // Phase: run the writer child and kill it with SIGKILL mid-stream.
-        let mut child = Process::new(std::env::current_exe().unwrap())
-            .args(["--exact", "crash::crash_child_entry_point", "--nocapture", "--test-threads=1"])
-            .env(CHILD_ENV, &dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            let mut acked = [0u64; 3];
-            let mut votes = [0u64; 3];
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                let parts: Vec<&str> = line.split_whitespace().collect();
-                match parts.as_slice() {
-                    ["acked", g, i] => acked[g.parse::<usize>().unwrap()] = i.parse().unwrap(),
-                    ["vote", g, t] => votes[g.parse::<usize>().unwrap()] = t.parse().unwrap(),
-                    _ => {}
-                }
-            }
-            (acked, votes)
-        });
         let started = Instant::now();
-        std::thread::sleep(Duration::from_millis(700 + 300 * round));
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
-        let (acked, votes) = reader.join().unwrap();
+        let lines = run_child_then_kill(
+            "crash::crash_child_entry_point",
+            CHILD_ENV,
+            &dir,
+            Duration::from_millis(700 + 300 * round),
+        );
+        let (mut acked, mut votes) = ([0u64; 3], [0u64; 3]);
+        for line in &lines {
+            let parts: Vec<&str> = line.split_whitespace().collect();
+            match parts.as_slice() {
+                ["acked", g, i] => acked[g.parse::<usize>().unwrap()] = i.parse().unwrap(),
+                ["vote", g, t] => votes[g.parse::<usize>().unwrap()] = t.parse().unwrap(),
+                _ => {}
+            }
+        }
         assert!(acked[1] > 0 && acked[2] > 0, "the child made progress in {:?}", started.elapsed());
 
         // Phase: reopen and find every acknowledged entry and the last vote.
@@ -148,6 +137,25 @@ fn acknowledged_appends_survive_sigkill() {
             }
         });
     }
+}
+
+/// Runs this test binary as a child, filtered to the test `entry` with
+/// `env` set to `dir`, for `run_for`; then kills it with SIGKILL and returns
+/// every line it printed.
+fn run_child_then_kill(entry: &str, env: &str, dir: &std::path::Path, run_for: Duration) -> Vec<String> {
+    let mut child = Process::new(std::env::current_exe().unwrap())
+        .args(["--exact", entry, "--nocapture", "--test-threads=1"])
+        .env(env, dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || BufReader::new(stdout).lines().map_while(Result::ok).collect::<Vec<_>>());
+    std::thread::sleep(run_for);
+    child.kill().unwrap(); // SIGKILL
+    child.wait().unwrap();
+    reader.join().unwrap()
 }
 
 /// The entry at log index `index` of the apply child's log: a create, every
@@ -205,28 +213,13 @@ fn apply_after_sigkill_is_a_prefix_of_the_log_and_replays_to_the_same_state() {
     for round in 0..3u64 {
         let dir = base.path().join(format!("apply-round-{round}"));
         // Phase: run the apply child and kill it with SIGKILL mid-stream.
-        let mut child = Process::new(std::env::current_exe().unwrap())
-            .args(["--exact", "crash::crash_apply_child_entry_point", "--nocapture", "--test-threads=1"])
-            .env(APPLY_CHILD_ENV, &dir)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let stdout = child.stdout.take().unwrap();
-        let reader = std::thread::spawn(move || {
-            let mut applied = 0u64;
-            for line in BufReader::new(stdout).lines() {
-                let Ok(line) = line else { break };
-                if let Some(i) = line.strip_prefix("applied ") {
-                    applied = i.parse().unwrap();
-                }
-            }
-            applied
-        });
-        std::thread::sleep(Duration::from_millis(700 + 300 * round));
-        child.kill().unwrap(); // SIGKILL
-        child.wait().unwrap();
-        let reported = reader.join().unwrap();
+        let lines = run_child_then_kill(
+            "crash::crash_apply_child_entry_point",
+            APPLY_CHILD_ENV,
+            &dir,
+            Duration::from_millis(700 + 300 * round),
+        );
+        let reported = lines.iter().rev().find_map(|l| l.strip_prefix("applied ")).map_or(0, |i| i.parse().unwrap());
         assert!(reported > 0, "the apply child made progress");
 
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
