@@ -197,6 +197,16 @@ pub struct AdmissionConfig {
     pub max_request_bytes: usize,
     /// Commands waiting for a proposal, per shard.
     pub proposal_queue: usize,
+    /// Creates are refused with RESOURCE_EXHAUSTED while the oldest command
+    /// in a shard's queue has waited longer than this (0: never), so that an
+    /// overloaded shard keeps the timers it accepted on time instead of
+    /// queueing everything late. Fires and cancels are never shed.
+    pub shed_creates_after_ms: u64,
+    /// Creates are refused with RESOURCE_EXHAUSTED while the node's
+    /// scheduling lag (a moving average, `tocsin_scheduling_lag_seconds`)
+    /// is over this (0: never): a node that cannot keep its own timers and
+    /// heartbeats on time takes no more work.
+    pub shed_creates_lag_ms: u64,
     /// Deadline for a request waiting on Raft.
     pub request_timeout_ms: u64,
 }
@@ -208,6 +218,8 @@ impl Default for AdmissionConfig {
             min_free_disk_bytes: 256 << 20,
             max_request_bytes: 8 << 20,
             proposal_queue: 20_000,
+            shed_creates_after_ms: 250,
+            shed_creates_lag_ms: 30,
             request_timeout_ms: 10_000,
         }
     }

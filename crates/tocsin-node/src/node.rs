@@ -256,8 +256,11 @@ impl NodeState {
             raft.clone(),
             self.node_id,
             self.clock.clone(),
-            self.config.admission.proposal_queue,
-            Duration::from_millis(self.config.admission.request_timeout_ms),
+            crate::proposer::ProposerLimits {
+                queue: self.config.admission.proposal_queue,
+                timeout: Duration::from_millis(self.config.admission.request_timeout_ms),
+                shed_creates_after: Duration::from_millis(self.config.admission.shed_creates_after_ms),
+            },
         );
         let ctx = Arc::new(ShardCtx::new(
             shard,

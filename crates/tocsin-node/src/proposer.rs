@@ -14,9 +14,23 @@
 //!
 //! Stamps never go backwards: each entry carries at least the time of the
 //! one before it (apply enforces the same over leader changes).
+//!
+//! **Shedding.** Offered more creates than the shard can commit, a queue
+//! only grows: every command in it, the leader's own fires and attempt
+//! outcomes included, waits longer, requests time out and are retried, and
+//! attempts pass their deadlines and are repeated. So the proposer keeps one
+//! number, how long the command at the head of its queue has been waiting
+//! ([`Proposer::backlog_wait`]); while it is past the shard's
+//! `shed_creates_after`, new client creates are refused at once with
+//! `Overloaded` and that wait as the retry hint, and the commands already
+//! queued (and the leader's own) go through at the rate the shard commits.
 
 use std::sync::Arc;
+use std::sync::LazyLock;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
+use std::time::Instant;
 
 use tocsin_core::Command;
 use tocsin_core::CommandResult;
@@ -52,8 +66,10 @@ pub enum ProposeError {
     /// the same id is safe.
     #[error("leadership changed; the outcome is unknown")]
     Discarded { leader: Option<(u64, NodeAddr)> },
+    /// The shard's queue is full, or its head has waited past the shedding
+    /// bound; nothing was proposed. Retry after `retry_after`.
     #[error("the shard's proposal queue is full")]
-    Overloaded,
+    Overloaded { retry_after: Duration },
     /// This node leads the shard by its own account but has not heard from a
     /// quorum for [`QUORUM_LOST_AFTER`]: it is probably cut off.
     #[error("this leader cannot reach a quorum")]
@@ -72,7 +88,43 @@ struct Pending {
     command: Command,
     size: usize,
     done: oneshot::Sender<Applied>,
-    submitted: std::time::Instant,
+    submitted: Instant,
+}
+
+/// The process's time base for [`Backlog`]'s atomics.
+static BASE: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// Microseconds since [`BASE`], never 0 (0 means "nothing waiting").
+fn micros_since_base(at: Instant) -> u64 {
+    at.saturating_duration_since(*BASE).as_micros() as u64 + 1
+}
+
+/// How long the oldest queued command has been waiting, written by the
+/// proposer task and read by request handlers without a lock.
+#[derive(Debug, Default)]
+struct Backlog {
+    /// When the command at the head of the queue was submitted
+    /// ([`micros_since_base`]), or 0 while the task waits for commands.
+    head_submitted_us: AtomicU64,
+}
+
+impl Backlog {
+    fn wait_at(&self, now: Instant) -> Duration {
+        match self.head_submitted_us.load(Ordering::Relaxed) {
+            0 => Duration::ZERO,
+            since => Duration::from_micros(micros_since_base(now).saturating_sub(since)),
+        }
+    }
+}
+
+/// Whether a client create is refused, given how long the head of the
+/// shard's queue has waited: past `shed_after` (0 = never shed), with that
+/// wait as the hint of when to retry (at least 50 ms, at most 2 s).
+pub fn shed_create(backlog_wait: Duration, shed_after: Duration) -> Result<(), ProposeError> {
+    if shed_after.is_zero() || backlog_wait <= shed_after {
+        return Ok(());
+    }
+    Err(ProposeError::Overloaded { retry_after: backlog_wait.clamp(Duration::from_millis(50), Duration::from_secs(2)) })
 }
 
 /// A handle for submitting a shard's commands.
@@ -80,16 +132,49 @@ struct Pending {
 pub struct Proposer {
     tx: mpsc::Sender<Pending>,
     timeout: Duration,
+    shed_after: Duration,
+    backlog: Arc<Backlog>,
     raft: Raft,
     node_id: u64,
 }
 
+/// How a shard's proposer queues and sheds.
+#[derive(Clone, Copy, Debug)]
+pub struct ProposerLimits {
+    /// Most commands waiting for an entry.
+    pub queue: usize,
+    /// How long a caller waits for its command to apply.
+    pub timeout: Duration,
+    /// Client creates are refused while the queue's head has waited longer
+    /// than this (zero: never).
+    pub shed_creates_after: Duration,
+}
+
 impl Proposer {
     /// Starts the proposer task for `raft`.
-    pub fn start(raft: Raft, node_id: u64, clock: Arc<Clock>, queue: usize, timeout: Duration) -> Proposer {
-        let (tx, rx) = mpsc::channel(queue.max(1));
-        tokio::spawn(run(raft.clone(), clock, rx, timeout));
-        Proposer { tx, timeout, raft, node_id }
+    pub fn start(raft: Raft, node_id: u64, clock: Arc<Clock>, limits: ProposerLimits) -> Proposer {
+        LazyLock::force(&BASE);
+        let (tx, rx) = mpsc::channel(limits.queue.max(1));
+        let backlog = Arc::new(Backlog::default());
+        tokio::spawn(run(raft.clone(), clock, rx, limits.timeout, backlog.clone()));
+        Proposer { tx, timeout: limits.timeout, shed_after: limits.shed_creates_after, backlog, raft, node_id }
+    }
+
+    /// How long the command at the head of the queue has been waiting for an
+    /// entry (zero when the queue is empty).
+    pub fn backlog_wait(&self) -> Duration {
+        self.backlog.wait_at(Instant::now())
+    }
+
+    /// Refuses a client create while the queue is past its shedding bound
+    /// (see the module doc). The leader's own commands never ask.
+    pub fn admit_create(&self) -> Result<(), ProposeError> {
+        let wait = self.backlog_wait();
+        let admitted = shed_create(wait, self.shed_after);
+        if admitted.is_err() {
+            metrics::counter!("tocsin_creates_shed_total").increment(1);
+        }
+        admitted
     }
 
     /// Whether this node leads the shard by its own account but has heard
@@ -141,12 +226,12 @@ impl Proposer {
     fn submit(&self, command: Command) -> Result<oneshot::Receiver<Applied>, ProposeError> {
         let (done, rx) = oneshot::channel();
         let size = command_size(&command);
-        self.tx.try_send(Pending { command, size, done, submitted: std::time::Instant::now() }).map_err(
-            |e| match e {
-                mpsc::error::TrySendError::Full(_) => ProposeError::Overloaded,
-                mpsc::error::TrySendError::Closed(_) => ProposeError::Fatal("proposer stopped".into()),
-            },
-        )?;
+        self.tx.try_send(Pending { command, size, done, submitted: Instant::now() }).map_err(|e| match e {
+            mpsc::error::TrySendError::Full(_) => {
+                ProposeError::Overloaded { retry_after: self.backlog_wait().max(Duration::from_millis(100)) }
+            }
+            mpsc::error::TrySendError::Closed(_) => ProposeError::Fatal("proposer stopped".into()),
+        })?;
         Ok(rx)
     }
 
@@ -172,10 +257,13 @@ fn command_size(command: &Command) -> usize {
     }
 }
 
-async fn run(raft: Raft, clock: Arc<Clock>, mut rx: mpsc::Receiver<Pending>, timeout: Duration) {
+async fn run(raft: Raft, clock: Arc<Clock>, mut rx: mpsc::Receiver<Pending>, timeout: Duration, backlog: Arc<Backlog>) {
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
     let mut last_stamp_ms = 0u64;
     while let Some(first) = rx.recv().await {
+        // The head waits here for an entry slot: while it does, its age is
+        // the queue's delay (see `Backlog`).
+        backlog.head_submitted_us.store(micros_since_base(first.submitted), Ordering::Relaxed);
         let Ok(permit) = in_flight.clone().acquire_owned().await else { return };
         let mut bytes = first.size;
         let mut batch = vec![first];
@@ -188,6 +276,8 @@ async fn run(raft: Raft, clock: Arc<Clock>, mut rx: mpsc::Receiver<Pending>, tim
                 Err(_) => break,
             }
         }
+        // The next head is the next command received; until then nothing waits.
+        backlog.head_submitted_us.store(0, Ordering::Relaxed);
         let raft = raft.clone();
         let now_ms = clock.now_ms().max(last_stamp_ms);
         last_stamp_ms = now_ms;
@@ -257,5 +347,52 @@ pub(crate) fn to_propose_error(
         }
         RaftError::APIError(other) => ProposeError::Fatal(other.to_string()),
         RaftError::Fatal(f) => ProposeError::Fatal(f.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn creates_pass_until_the_queue_head_has_waited_past_the_bound() {
+        assert!(shed_create(Duration::ZERO, MS(250)).is_ok());
+        assert!(shed_create(MS(250), MS(250)).is_ok());
+        match shed_create(MS(251), MS(250)) {
+            Err(ProposeError::Overloaded { retry_after }) => assert_eq!(retry_after, MS(251)),
+            other => panic!("expected Overloaded, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn the_retry_hint_is_the_wait_within_50_ms_and_2_s() {
+        let hint = |wait| match shed_create(wait, MS(10)) {
+            Err(ProposeError::Overloaded { retry_after }) => retry_after,
+            other => panic!("expected Overloaded, got {other:?}"),
+        };
+        assert_eq!(hint(MS(11)), MS(50));
+        assert_eq!(hint(MS(700)), MS(700));
+        assert_eq!(hint(Duration::from_secs(30)), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_zero_bound_never_sheds() {
+        assert!(shed_create(Duration::from_secs(3600), Duration::ZERO).is_ok());
+    }
+
+    #[test]
+    fn the_backlog_is_the_head_commands_age_and_empty_when_nothing_waits() {
+        LazyLock::force(&BASE);
+        let backlog = Backlog::default();
+        let t0 = Instant::now();
+        assert_eq!(backlog.wait_at(t0 + MS(500)), Duration::ZERO);
+        backlog.head_submitted_us.store(micros_since_base(t0), Ordering::Relaxed);
+        assert_eq!(backlog.wait_at(t0 + MS(300)), MS(300));
+        // A clock read from before the head was submitted is no wait at all.
+        assert_eq!(backlog.wait_at(t0.checked_sub(MS(5)).unwrap_or(t0)), Duration::ZERO);
+        backlog.head_submitted_us.store(0, Ordering::Relaxed);
+        assert_eq!(backlog.wait_at(t0 + MS(300)), Duration::ZERO);
     }
 }

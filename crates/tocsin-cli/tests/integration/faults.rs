@@ -303,3 +303,66 @@ async fn reserve_streams_closed_mid_batch_lose_nothing() {
     );
     assert_eq!(acked.len(), 1_000, "{} pull timers never delivered", 1_000 - acked.len());
 }
+
+/// Issue 11, overload: with the store writer stalling now and then and a
+/// 5 ms shedding bound, concurrent creates are refused at the door with
+/// RESOURCE_EXHAUSTED and a retry hint. A refused create was never queued
+/// (it does not exist afterwards), and every acknowledged one fires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn overload_sheds_creates_with_a_retry_hint_and_loses_nothing() {
+    use futures::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    let node = NodeProcess::start(
+        dir.path(),
+        &[("FAILPOINTS", "store::writer=10%return(delay:50)"), ("TOCSIN_ADMISSION__SHED_CREATES_AFTER_MS", "5")],
+    );
+    // One attempt: the test sees every refusal instead of the client's retry.
+    let client = Client::with_options([node.grpc.clone()], ClientOptions { max_attempts: 1, ..Default::default() })
+        .await
+        .unwrap();
+    let base = now_ms() + 4_000;
+    let results: Vec<(String, u64, Result<_, _>)> = futures::stream::iter(0..600u64)
+        .map(|i| {
+            let client = client.clone();
+            let url = receiver.url.clone();
+            async move {
+                let (id, at) = (format!("s-{i}"), base + i * 5);
+                let res = client.create_timer(webhook_timer("shed", &id, at, &url)).await;
+                (id, at, res)
+            }
+        })
+        .buffer_unordered(64)
+        .collect()
+        .await;
+    let mut acked = HashMap::new();
+    let mut shed = Vec::new();
+    for (id, at, res) in results {
+        match res {
+            Ok(_) => {
+                acked.insert(id, at);
+            }
+            Err(tocsin_client::ClientError::Status { code: tonic::Code::ResourceExhausted, info, message }) => {
+                assert!(info.retry_after_ms >= 50, "a shed create carries a retry hint: {message} {info:?}");
+                assert!(message.contains("overloaded"), "{message}");
+                shed.push(id);
+            }
+            Err(e) => panic!("create {id}: {e}\n{}", node.log()),
+        }
+    }
+    println!("overload: {} acknowledged, {} shed", acked.len(), shed.len());
+    assert!(!shed.is_empty(), "nothing was shed with a 5 ms bound and 50 ms writer stalls");
+    assert!(!acked.is_empty(), "everything was shed");
+    for id in &shed {
+        let err = client.get_timer("shed", id).await.expect_err("a shed create must not exist");
+        assert_eq!(err.code(), tonic::Code::NotFound, "{id}: {err}");
+    }
+    let (missing, lateness) = wait_delivered(&receiver, &acked, Duration::from_secs(30)).await;
+    println!("overload: lateness {}", percentiles(lateness));
+    assert!(
+        missing.is_empty(),
+        "{} acknowledged creates never delivered, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+}

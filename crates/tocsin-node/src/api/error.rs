@@ -76,9 +76,13 @@ impl ApiError {
                 leader: None,
                 retry_after_ms: 100,
             },
-            ProposeError::Overloaded => {
-                ApiError::ResourceExhausted { message: format!("shard {shard} is overloaded"), retry_after_ms: 100 }
-            }
+            ProposeError::Overloaded { retry_after } => ApiError::ResourceExhausted {
+                message: format!(
+                    "shard {shard} is overloaded: its queue's oldest command has waited {} ms",
+                    retry_after.as_millis()
+                ),
+                retry_after_ms: retry_after.as_millis() as u64,
+            },
             ProposeError::Timeout => ApiError::Unavailable {
                 message: format!(
                     "shard {shard} did not answer in time; the outcome is unknown, retry with the same id"

@@ -149,6 +149,7 @@ impl TimerApi {
         let (key, spec) = self.parse_create(req)?;
         self.node.admission.admit_create(&key.namespace, 1)?;
         let ctx = self.shard_of(&key.namespace, &key.id)?;
+        ctx.proposer.admit_create().map_err(|e| ApiError::from_propose(ctx.shard, e))?;
         let command = self.create_command(key.clone(), spec)?;
         let (_, result) = ctx.proposer.propose(command).await.map_err(|e| ApiError::from_propose(ctx.shard, e))?;
         self.create_result(&ctx, &key, result)
@@ -345,6 +346,10 @@ impl TimerApi {
                 Ok(ctx) => ctx,
                 Err(e) => return items.into_iter().map(|(i, _, _)| (i, Err(e.clone()))).collect::<Vec<_>>(),
             };
+            if let Err(e) = ctx.proposer.admit_create() {
+                let e = ApiError::from_propose(ctx.shard, e);
+                return items.into_iter().map(|(i, _, _)| (i, Err(e.clone()))).collect::<Vec<_>>();
+            }
             let (meta, commands): (Vec<(usize, TimerKey)>, Vec<Command>) =
                 items.into_iter().map(|(i, key, command)| ((i, key), command)).unzip();
             let applied = ctx.proposer.propose_all(commands).await;

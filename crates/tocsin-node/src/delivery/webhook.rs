@@ -251,7 +251,7 @@ async fn record_outcome(ctx: &ShardCtx, epoch: u64, command: Command) {
     let mut delay = Duration::from_millis(20);
     for attempt in 0..8 {
         let proposed = match crate::fault::hit("webhook::record_outcome").await {
-            Some(_) => Err(ProposeError::Overloaded),
+            Some(_) => Err(ProposeError::Overloaded { retry_after: Duration::from_millis(100) }),
             None => ctx.proposer.propose(command.clone()).await,
         };
         match proposed {
