@@ -9,8 +9,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/setup
-cargo build --release --locked -p tocsin-cli
-bin="${CARGO_TARGET_DIR:-target}/x86_64-unknown-linux-gnu/release/tocsin"
+bin="$(bash deploy/build.sh)/tocsin"
 data="${DATA:-./tocsin-cluster}"
 shards="${SHARDS:-12}"
 initial="1=127.0.0.1:7070/127.0.0.1:7071,2=127.0.0.1:7080/127.0.0.1:7081,3=127.0.0.1:7090/127.0.0.1:7091"
