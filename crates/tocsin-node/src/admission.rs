@@ -8,7 +8,7 @@
 //! election timeout its followers start elections, and every shard pays a
 //! new term on top of the overload (measured: an election storm, tens of
 //! seconds late). The lag of a task that only sleeps 20 ms and looks at the
-//! clock is the earliest sign; while its moving average is over
+//! clock is the earliest sign (`runtime::probe_lag`, on the work runtime); while its moving average is over
 //! `shed_creates_lag_ms`, creates are refused with a retry hint, so that
 //! what was accepted keeps its time.
 
@@ -38,16 +38,6 @@ pub struct Admission {
     lag_us: Arc<AtomicU64>,
 }
 
-/// How often the lag probe wakes.
-const LAG_PROBE_EVERY: Duration = Duration::from_millis(20);
-
-/// The probe's moving average after one more sample: each sample weighs a
-/// quarter, so a lag of a few probe periods shows within about 100 ms and
-/// one late wake-up alone does not shed.
-pub fn next_lag_average_us(average_us: u64, sample_us: u64) -> u64 {
-    (average_us * 3 + sample_us) / 4
-}
-
 impl Admission {
     /// Starts the disk watcher for `data_dir`.
     pub fn start(config: AdmissionConfig, data_dir: PathBuf) -> Arc<Admission> {
@@ -58,21 +48,7 @@ impl Admission {
             free_bytes: Arc::new(AtomicU64::new(u64::MAX)),
             lag_us: Arc::new(AtomicU64::new(0)),
         });
-        {
-            let lag_us = admission.lag_us.clone();
-            let weak = Arc::downgrade(&admission);
-            tokio::spawn(async move {
-                let mut average_us = 0;
-                while weak.strong_count() > 0 {
-                    let slept = Instant::now();
-                    tokio::time::sleep(LAG_PROBE_EVERY).await;
-                    let late = slept.elapsed().saturating_sub(LAG_PROBE_EVERY);
-                    average_us = next_lag_average_us(average_us, late.as_micros() as u64);
-                    lag_us.store(average_us, Ordering::Relaxed);
-                    metrics::gauge!("tocsin_scheduling_lag_seconds").set(average_us as f64 / 1e6);
-                }
-            });
-        }
+        tokio::spawn(crate::runtime::probe_lag(admission.lag_us.clone(), "tocsin_scheduling_lag_seconds"));
         let weak = Arc::downgrade(&admission);
         tokio::spawn(async move {
             loop {
@@ -161,17 +137,54 @@ impl Admission {
     }
 }
 
-/// Whether creates are refused for a scheduling lag of `lag` against the
-/// bound `shed_after` (0: never), with a retry hint of a few lags.
-pub fn shed_for_lag(lag: Duration, shed_after: Duration) -> Result<(), ApiError> {
-    if shed_after.is_zero() || lag <= shed_after {
-        return Ok(());
+/// Why a create was shed: the `reason` label of `tocsin_creates_shed_total`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ShedReason {
+    /// The shard's proposal queue head waited past `shed_creates_after_ms`.
+    QueueDelay,
+    /// The node's scheduling lag is past `shed_creates_lag_ms`.
+    SchedulingLag,
+}
+
+impl ShedReason {
+    fn label(self) -> &'static str {
+        match self {
+            ShedReason::QueueDelay => "queue_delay",
+            ShedReason::SchedulingLag => "scheduling_lag",
+        }
     }
-    metrics::counter!("tocsin_creates_shed_total").increment(1);
-    Err(ApiError::ResourceExhausted {
-        message: format!("this node is overloaded: its scheduling lag is {} ms", lag.as_millis()),
-        retry_after_ms: (lag.as_millis() as u64 * 4).clamp(100, 2_000),
-    })
+
+    /// How many of the measured delays a client is told to wait: a lag is
+    /// an average over the whole node and clears more slowly than a queue.
+    fn hint_factor(self) -> u32 {
+        match self {
+            ShedReason::QueueDelay => 1,
+            ShedReason::SchedulingLag => 4,
+        }
+    }
+}
+
+/// Whether a create is shed because `measured` is past `bound` (a zero
+/// bound never sheds): `None` admits it, `Some` is the retry hint, a few of
+/// the measured delays within 50 ms and 2 s. A shed is counted.
+pub fn shed(reason: ShedReason, measured: Duration, bound: Duration) -> Option<Duration> {
+    if bound.is_zero() || measured <= bound {
+        return None;
+    }
+    metrics::counter!("tocsin_creates_shed_total", "reason" => reason.label()).increment(1);
+    Some((measured * reason.hint_factor()).clamp(Duration::from_millis(50), Duration::from_secs(2)))
+}
+
+/// Whether creates are refused for a scheduling lag of `lag` against the
+/// bound `shed_after` (0: never).
+pub fn shed_for_lag(lag: Duration, shed_after: Duration) -> Result<(), ApiError> {
+    match shed(ShedReason::SchedulingLag, lag, shed_after) {
+        None => Ok(()),
+        Some(retry_after) => Err(ApiError::ResourceExhausted {
+            message: format!("this node is overloaded: its scheduling lag is {} ms", lag.as_millis()),
+            retry_after_ms: retry_after.as_millis() as u64,
+        }),
+    }
 }
 
 fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
@@ -182,6 +195,7 @@ fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::next_lag_average_us;
 
     #[test]
     fn one_late_wake_up_does_not_shed_but_a_sustained_lag_does() {

@@ -130,14 +130,11 @@ pub async fn run(node: Arc<NodeState>) {
             if !healthy_voters(&ctx.raft, ctx.node_id).contains(&want) {
                 continue;
             }
-            if node.clock.peer_is_off(want) {
-                // Its clock is off: it would not fire, and hands leaderships back.
-                continue;
-            }
-            if node.router.peer_low_disk(want) {
-                // Its free disk is low: it refuses creates and hands leaderships
-                // back (seen in the chaos `disk-full-leader` row: the same shards
-                // went to it and back every 5-10 s while its disk was full).
+            if let Some(why) = unfit_to_lead(&node, want) {
+                // It would hand the leadership straight back (seen in the chaos
+                // `disk-full-leader` row: the same shards went to a full node
+                // and back every 5-10 s).
+                tracing::debug!(shard = ctx.shard, to = want, why, "not handing leadership to the preferred node");
                 continue;
             }
             tracing::info!(shard = ctx.shard, to = want, "handing leadership to the preferred node");
@@ -149,6 +146,27 @@ pub async fn run(node: Arc<NodeState>) {
             }
         }
     }
+}
+
+/// Why `peer` should not be handed a leadership, if it should not: it would
+/// hand it straight back. Both signals come from the peer's Raft replies:
+/// its clock offset (`clock.rs`: it would not fire) and its free disk
+/// (`RaftReply.low_disk`: it refuses creates).
+pub fn unfit_to_lead(node: &NodeState, peer: u64) -> Option<&'static str> {
+    if node.clock.peer_is_off(peer) {
+        Some("its clock is off from this node's")
+    } else if node.router.peer_low_disk(peer) {
+        Some("its free disk is low")
+    } else {
+        None
+    }
+}
+
+/// Where a node that must give up a leadership hands it: the first voter
+/// `fit` to lead, else the first voter (if every node is unfit, someone must
+/// still lead).
+pub fn handover_target(voters: &[u64], fit: impl Fn(u64) -> bool) -> Option<u64> {
+    voters.iter().copied().find(|v| fit(*v)).or(voters.first().copied())
 }
 
 /// The preferred leader of each shard, spread over the map's targets (the
@@ -255,15 +273,46 @@ pub async fn watch_health(node: Arc<NodeState>) {
             if last_handover.get(group).is_some_and(|t| t.elapsed() < cooldown) {
                 continue;
             }
-            // A voter short of disk itself would only hand it back.
+            // A voter that is unfit itself would only hand it back.
             let voters = healthy_voters(raft, node.node_id);
-            let to = voters.iter().find(|v| !node.router.peer_low_disk(**v)).or(voters.first());
-            if let Some(to) = to {
+            if let Some(to) = handover_target(&voters, |v| unfit_to_lead(&node, v).is_none()) {
                 let why = if is_unsafe { "this node's clock is off" } else { "this node's free disk is low" };
                 tracing::warn!(group, to, why, "handing leadership over");
                 last_handover.insert(*group, Instant::now());
-                let _ = raft.trigger().transfer_leader(*to).await;
+                let _ = raft.trigger().transfer_leader(to).await;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::raft::LowDiskPeers;
+
+    #[test]
+    fn a_handover_skips_a_peer_short_of_disk_unless_all_are() {
+        let low = LowDiskPeers::default();
+        let now = Instant::now();
+        low.note(2, true, now);
+        low.note(3, false, now);
+        let fit = |v: u64| !low.is_low(v, now);
+        assert_eq!(handover_target(&[2, 3], fit), Some(3));
+        low.note(3, true, now);
+        let fit = |v: u64| !low.is_low(v, now);
+        assert_eq!(handover_target(&[2, 3], fit), Some(2), "someone must still lead");
+        assert_eq!(handover_target(&[], fit), None);
+    }
+
+    #[test]
+    fn a_low_disk_reply_counts_for_three_seconds_and_a_later_reply_clears_it() {
+        let low = LowDiskPeers::default();
+        let at = Instant::now();
+        low.note(2, true, at);
+        assert!(low.is_low(2, at + Duration::from_millis(2_900)));
+        assert!(!low.is_low(2, at + Duration::from_millis(3_100)), "stale");
+        assert!(!low.is_low(3, at), "never heard of");
+        low.note(2, false, at + Duration::from_millis(100));
+        assert!(!low.is_low(2, at + Duration::from_millis(200)));
     }
 }

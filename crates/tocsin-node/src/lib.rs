@@ -11,6 +11,8 @@
 //! - [`node`]: start-up, shutdown, what is shared;
 //! - [`config`]: the TOML config and its environment overrides;
 //! - [`raft`]: openraft config, the shared gRPC transport;
+//! - [`runtime`]: the Raft runtime, apart from the work runtime so that a
+//!   backlog of requests cannot delay a heartbeat;
 //! - [`shard`]: one hosted shard and whether this node may fire for it;
 //! - [`proposer`]: batching commands into Raft entries;
 //! - [`events`]: how applied changes reach the fire loop;
@@ -48,6 +50,7 @@ pub mod proposer;
 pub mod raft;
 pub mod reconcile;
 pub mod replicas;
+pub mod runtime;
 pub mod shard;
 pub mod view;
 

@@ -51,6 +51,8 @@ use crate::raft::NetworkFactory;
 use crate::raft::Router;
 use crate::raft::TransportService;
 use crate::raft::openraft_config;
+use crate::runtime::OffloadLayer;
+use crate::runtime::RaftRuntime;
 use crate::shard::ShardCtx;
 
 /// Replica moves a node runs at once as a shard leader: each streams a
@@ -70,6 +72,8 @@ pub enum StartError {
     Config(#[from] crate::config::ConfigError),
     #[error("building the webhook client: {0}")]
     Webhook(String),
+    #[error("starting the Raft runtime: {0}")]
+    Runtime(std::io::Error),
 }
 
 /// What every API handler and background task shares.
@@ -85,6 +89,9 @@ pub struct NodeState {
     pub groups: Groups,
     pub router: Router,
     raft_config: Arc<openraft::Config>,
+    /// Where Raft's tasks run (`runtime.rs`); the runtime itself is the
+    /// [`Node`]'s.
+    raft_runtime: tokio::runtime::Handle,
     /// Serializes hosting and releasing shards, and so the hosted-set
     /// writes.
     hosting: tokio::sync::Mutex<()>,
@@ -249,9 +256,7 @@ impl NodeState {
             .await
             .map_err(|e| StartError::Raft { group, message: e.to_string() })?;
         let network = NetworkFactory::new(self.router.clone(), group);
-        let raft = Raft::new(self.node_id, self.raft_config.clone(), network, log, sm)
-            .await
-            .map_err(|e| StartError::Raft { group, message: e.to_string() })?;
+        let raft = self.new_raft(group, self.raft_config.clone(), network, log, sm).await?;
         let proposer = Proposer::start(
             raft.clone(),
             self.node_id,
@@ -295,6 +300,25 @@ impl NodeState {
         Ok(ctx)
     }
 
+    /// Starts a group's openraft core on the Raft runtime (`runtime.rs`):
+    /// openraft spawns its tasks on the runtime it is started from.
+    async fn new_raft(
+        &self,
+        group: u64,
+        config: Arc<openraft::Config>,
+        network: NetworkFactory,
+        log: LogStore,
+        sm: StateMachine,
+    ) -> Result<Raft, StartError> {
+        let raft_error = |message: String| StartError::Raft { group, message };
+        let node_id = self.node_id;
+        self.raft_runtime
+            .spawn(async move { Raft::new(node_id, config, network, log, sm).await })
+            .await
+            .map_err(|e| raft_error(e.to_string()))?
+            .map_err(|e| raft_error(e.to_string()))
+    }
+
     /// Opens the metadata group's replica from the store.
     async fn open_meta(&self) -> Result<Arc<MetaCtx>, StartError> {
         let group = tocsin_store::keys::META_GROUP;
@@ -303,9 +327,7 @@ impl NodeState {
             .await
             .map_err(|e| StartError::Raft { group, message: e.to_string() })?;
         let network = NetworkFactory::new(self.router.clone(), group);
-        let raft = Raft::new(self.node_id, crate::raft::metadata_config(&self.config.raft), network, log, sm)
-            .await
-            .map_err(|e| StartError::Raft { group, message: e.to_string() })?;
+        let raft = self.new_raft(group, crate::raft::metadata_config(&self.config.raft), network, log, sm).await?;
         let ctx = Arc::new(MetaCtx::new(self.node_id, raft.clone()));
         self.groups.insert(group, raft);
         *self.meta.write().expect("meta lock") = Some(ctx.clone());
@@ -425,6 +447,8 @@ pub struct Node {
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
     supervisors: Vec<JoinHandle<()>>,
+    /// Dropped last: every group's core runs on it.
+    raft_runtime: RaftRuntime,
 }
 
 impl Node {
@@ -499,7 +523,13 @@ impl Node {
             ),
         };
         let clock = Clock::system(config.max_clock_offset_ms);
-        let router = Router::new(node_id, Duration::from_millis(config.raft.rpc_timeout_ms), clock.clone());
+        let raft_runtime = RaftRuntime::start().map_err(StartError::Runtime)?;
+        let router = Router::new(
+            node_id,
+            Duration::from_millis(config.raft.rpc_timeout_ms),
+            clock.clone(),
+            raft_runtime.handle().clone(),
+        );
         for (id, grpc, _) in &members {
             if *id != node_id {
                 router.set_addr(*id, grpc);
@@ -516,6 +546,7 @@ impl Node {
             groups: Groups::default(),
             router,
             raft_config: openraft_config(&config.raft),
+            raft_runtime: raft_runtime.handle().clone(),
             hosting: tokio::sync::Mutex::new(()),
             dispatcher: dispatcher.clone(),
             admission,
@@ -538,7 +569,15 @@ impl Node {
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let servers = vec![
-            tokio::spawn(serve_grpc(state.clone(), grpc_listener, store.path().join("spool"), shutdown_rx.clone())),
+            // The gRPC server runs on the Raft runtime and sends all but
+            // Raft's requests to this (the work) runtime.
+            raft_runtime.handle().spawn(serve_grpc(
+                state.clone(),
+                grpc_listener,
+                store.path().join("spool"),
+                shutdown_rx.clone(),
+                tokio::runtime::Handle::current(),
+            )),
             tokio::spawn(serve_http(state.clone(), http_listener, shutdown_rx)),
         ];
 
@@ -591,7 +630,7 @@ impl Node {
             tokio::spawn(crate::balance::watch_health(state.clone())),
         ];
         tracing::info!(node_id, %grpc_addr, %http_addr, shards = config.num_shards, hosted = hosted.len(), metadata = host_meta, data = %config.data_dir.display(), "node started");
-        Ok(Node { state, grpc_addr, http_addr, shutdown, servers, supervisors })
+        Ok(Node { state, grpc_addr, http_addr, shutdown, servers, supervisors, raft_runtime })
     }
 
     /// Waits until every hosted shard has a leader, or the timeout passes.
@@ -633,14 +672,20 @@ impl Node {
         // acknowledged is already in the synced WAL.
         let store = self.state.store.clone();
         let _ = tokio::task::spawn_blocking(move || store.db().cancel_all_background_work(true)).await;
+        // Last: every group's core ran on it, and all are shut down now.
+        drop(self.raft_runtime);
     }
 }
+
+/// See `serve_grpc`.
+const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 1_000;
 
 async fn serve_grpc(
     state: Arc<NodeState>,
     listener: TcpListener,
     spool: std::path::PathBuf,
     mut shutdown: watch::Receiver<bool>,
+    work: tokio::runtime::Handle,
 ) {
     let max = state.config.admission.max_request_bytes;
     let timers = pb::timer_service_server::TimerServiceServer::new(TimerApi::new(state.clone()))
@@ -667,6 +712,16 @@ async fn serve_grpc(
     });
     let result = tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        // h2's rapid-reset guard closes a whole connection once 20 streams
+        // are reset before the server accepted them. After a partition
+        // heals (or through a slow link), a peer's timed-out Raft RPCs and
+        // forwarded requests arrive as HEADERS and RST_STREAM together, so
+        // the guard tripped 61-76 times per node in one chaos
+        // `flapping-partitions` run, and every group's RPCs on the peer
+        // connection failed with it. Still bounded, so a client cannot make
+        // the server track resets without end.
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
+        .layer(OffloadLayer::new(work))
         .add_service(timers)
         .add_service(admin)
         .add_service(replicas)

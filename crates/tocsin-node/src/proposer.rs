@@ -117,14 +117,14 @@ impl Backlog {
     }
 }
 
-/// Whether a client create is refused, given how long the head of the
-/// shard's queue has waited: past `shed_after` (0 = never shed), with that
-/// wait as the hint of when to retry (at least 50 ms, at most 2 s).
+/// Whether a client create is refused while the queue head has waited
+/// `backlog_wait` against the bound `shed_after` (0: never); the retry hint
+/// is the wait, within 50 ms and 2 s.
 pub fn shed_create(backlog_wait: Duration, shed_after: Duration) -> Result<(), ProposeError> {
-    if shed_after.is_zero() || backlog_wait <= shed_after {
-        return Ok(());
+    match crate::admission::shed(crate::admission::ShedReason::QueueDelay, backlog_wait, shed_after) {
+        None => Ok(()),
+        Some(retry_after) => Err(ProposeError::Overloaded { retry_after }),
     }
-    Err(ProposeError::Overloaded { retry_after: backlog_wait.clamp(Duration::from_millis(50), Duration::from_secs(2)) })
 }
 
 /// A handle for submitting a shard's commands.
@@ -169,12 +169,7 @@ impl Proposer {
     /// Refuses a client create while the queue is past its shedding bound
     /// (see the module doc). The leader's own commands never ask.
     pub fn admit_create(&self) -> Result<(), ProposeError> {
-        let wait = self.backlog_wait();
-        let admitted = shed_create(wait, self.shed_after);
-        if admitted.is_err() {
-            metrics::counter!("tocsin_creates_shed_total").increment(1);
-        }
-        admitted
+        shed_create(self.backlog_wait(), self.shed_after)
     }
 
     /// Whether this node leads the shard by its own account but has heard

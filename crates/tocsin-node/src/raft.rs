@@ -1,6 +1,7 @@
 //! Raft plumbing shared by every group on a node: the openraft config, the
 //! gRPC transport (one connection per peer node, shared by all groups, with
 //! the group id in every message), and the server side of that transport.
+//! All of it runs on the Raft runtime (`runtime.rs`).
 //!
 //! openraft's requests and responses travel opaquely as postcard bytes in
 //! `tocsin.v1.RaftTransport` messages, so the `.proto` does not depend on
@@ -96,6 +97,33 @@ fn decode<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, String> {
     postcard::from_bytes(bytes).map_err(|e| format!("decode: {e}"))
 }
 
+/// What each peer's last Raft reply said of its free disk, and when.
+#[derive(Default)]
+pub struct LowDiskPeers(std::sync::Mutex<HashMap<u64, (bool, Instant)>>);
+
+impl LowDiskPeers {
+    /// Records a reply from `peer` received at `at`.
+    pub fn note(&self, peer: u64, low: bool, at: Instant) {
+        self.0.lock().expect("low-disk lock").insert(peer, (low, at));
+    }
+
+    /// Whether `peer`'s last reply, at most [`LOW_DISK_FRESH`] before `now`,
+    /// said its disk is low.
+    pub fn is_low(&self, peer: u64, now: Instant) -> bool {
+        self.0
+            .lock()
+            .expect("low-disk lock")
+            .get(&peer)
+            .is_some_and(|(low, at)| *low && now.saturating_duration_since(*at) < LOW_DISK_FRESH)
+    }
+}
+
+/// Where a peer listens, and the connection to it.
+struct Peer {
+    addr: String,
+    client: RaftTransportClient<Channel>,
+}
+
 /// One gRPC channel per peer, shared by every group's replication.
 #[derive(Clone)]
 pub struct Router {
@@ -104,25 +132,29 @@ pub struct Router {
 
 struct RouterInner {
     node_id: u64,
+    /// The Raft runtime (`runtime.rs`): a channel's tasks run where it is
+    /// made.
+    runtime: tokio::runtime::Handle,
     rpc_timeout: Duration,
     /// Measures this node's clock offset to each peer from the replies.
     clock: Arc<Clock>,
-    peers: RwLock<HashMap<u64, (String, RaftTransportClient<Channel>)>>,
+    peers: RwLock<HashMap<u64, Peer>>,
     /// Peers whose last reply said their free disk is low, and when.
-    low_disk: Arc<std::sync::Mutex<HashMap<u64, (bool, Instant)>>>,
+    low_disk: Arc<LowDiskPeers>,
     /// Snapshot bytes sent per group: the progress of a replica catching up.
     snapshot_bytes: RwLock<HashMap<GroupId, u64>>,
 }
 
 impl Router {
-    pub fn new(node_id: u64, rpc_timeout: Duration, clock: Arc<Clock>) -> Router {
+    pub fn new(node_id: u64, rpc_timeout: Duration, clock: Arc<Clock>, runtime: tokio::runtime::Handle) -> Router {
         Router {
             inner: Arc::new(RouterInner {
                 node_id,
+                runtime,
                 rpc_timeout,
                 clock,
                 peers: RwLock::new(HashMap::new()),
-                low_disk: Arc::new(std::sync::Mutex::new(HashMap::new())),
+                low_disk: Arc::new(LowDiskPeers::default()),
                 snapshot_bytes: RwLock::new(HashMap::new()),
             }),
         }
@@ -131,7 +163,7 @@ impl Router {
     /// Every peer this node has an address for, `(id, grpc address)`.
     pub fn known(&self) -> Vec<(u64, String)> {
         let mut v: Vec<_> =
-            self.inner.peers.read().expect("router lock").iter().map(|(id, (addr, _))| (*id, addr.clone())).collect();
+            self.inner.peers.read().expect("router lock").iter().map(|(id, peer)| (*id, peer.addr.clone())).collect();
         v.sort();
         v
     }
@@ -143,21 +175,24 @@ impl Router {
 
     /// Records where `target` listens; a changed address gets a new channel.
     pub fn set_addr(&self, target: u64, addr: &str) {
-        if self.inner.peers.read().expect("router lock").get(&target).is_some_and(|(a, _)| a == addr) {
+        if self.inner.peers.read().expect("router lock").get(&target).is_some_and(|peer| peer.addr == addr) {
             return;
         }
         match Endpoint::from_shared(format!("http://{addr}")) {
             Ok(endpoint) => {
-                let channel = endpoint
+                // tonic spawns the channel's buffer and connection tasks
+                // on the runtime it is made in: Raft's.
+                let _raft_runtime = self.inner.runtime.enter();
+                let endpoint = endpoint
                     .connect_timeout(self.inner.rpc_timeout)
                     .tcp_nodelay(true)
                     .http2_keep_alive_interval(Duration::from_secs(5))
-                    .keep_alive_timeout(Duration::from_secs(5))
-                    .connect_lazy();
-                let client = RaftTransportClient::new(channel)
+                    .keep_alive_timeout(Duration::from_secs(5));
+                let client = RaftTransportClient::new(endpoint.connect_lazy())
                     .max_decoding_message_size(64 << 20)
                     .max_encoding_message_size(64 << 20);
-                self.inner.peers.write().expect("router lock").insert(target, (addr.to_string(), client));
+                let peer = Peer { addr: addr.to_string(), client };
+                self.inner.peers.write().expect("router lock").insert(target, peer);
             }
             Err(e) => tracing::warn!(target, addr, error = %e, "bad peer address"),
         }
@@ -167,12 +202,7 @@ impl Router {
     /// free disk is below its watermark: it would refuse creates and hand a
     /// leadership straight back (the balancer and the handover skip it).
     pub fn peer_low_disk(&self, peer: u64) -> bool {
-        self.inner
-            .low_disk
-            .lock()
-            .expect("low-disk lock")
-            .get(&peer)
-            .is_some_and(|(low, at)| *low && at.elapsed() < LOW_DISK_FRESH)
+        self.inner.low_disk.is_low(peer, Instant::now())
     }
 
     fn client(&self, target: u64) -> Result<RaftTransportClient<Channel>, Unreachable<C>> {
@@ -181,7 +211,7 @@ impl Router {
             .read()
             .expect("router lock")
             .get(&target)
-            .map(|(_, c)| c.clone())
+            .map(|peer| peer.client.clone())
             .ok_or_else(|| Unreachable::from_string(format!("no address known for node {target}")))
     }
 
@@ -244,7 +274,7 @@ macro_rules! unary_rpc {
             // still measures the peer's clock.
             if let Ok(Ok(resp)) = &result {
                 clock.record_peer(target, sent_wall_ms, sent, resp.get_ref().replied_at_ms);
-                low_disk.lock().expect("low-disk lock").insert(target, (resp.get_ref().low_disk, Instant::now()));
+                low_disk.note(target, resp.get_ref().low_disk, Instant::now());
             }
             result
         });
