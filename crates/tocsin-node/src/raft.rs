@@ -118,10 +118,60 @@ impl LowDiskPeers {
     }
 }
 
-/// Where a peer listens, and the connection to it.
+/// How long a peer may answer nothing, while calls to it time out, before
+/// its connection is replaced: twice the RPC timeout.
+const STALLED_AFTER_RPC_TIMEOUTS: u32 = 2;
+
+/// Whether a peer's connection has stalled: the decision, from reply and
+/// timeout events, with no clock or I/O inside.
+///
+/// A TCP connection whose packets were dropped (a partition by firewall, a
+/// flapping link) is not closed: the kernel retransmits with exponential
+/// back-off, so once the path is back it may stay silent for seconds more
+/// (the retransmission timer doubles: 0.2, 0.4, ... 6.4 s), and HTTP/2's
+/// keep-alive notices only after its interval and timeout (5 + 5 s). Every
+/// group's heartbeats to that peer ride the one connection, so for those
+/// seconds the peer cannot be led or elected (chaos `flapping-partitions`:
+/// shards without a leader about 10 s after the last heal). A fresh
+/// connection has no back-off to wait out.
+#[derive(Clone, Copy, Debug)]
+struct LinkHealth {
+    /// The last reply on any connection to the peer, or when its current
+    /// connection was made (a new connection gets a full grace period).
+    last_heard: Instant,
+    /// When the connection was last replaced.
+    replaced_at: Option<Instant>,
+}
+
+impl LinkHealth {
+    fn new(now: Instant) -> LinkHealth {
+        LinkHealth { last_heard: now, replaced_at: None }
+    }
+
+    fn replied(&mut self, at: Instant) {
+        self.last_heard = self.last_heard.max(at);
+    }
+
+    /// A call timed out at `now` with no reply: whether to replace the
+    /// connection. Only when the peer has been silent for `stalled_after`,
+    /// and at most once per `stalled_after` (a partitioned peer costs one
+    /// connection attempt per period).
+    fn timed_out(&mut self, now: Instant, stalled_after: Duration) -> bool {
+        let quiet_since = |t: Instant| now.saturating_duration_since(t) >= stalled_after;
+        if quiet_since(self.last_heard) && self.replaced_at.is_none_or(quiet_since) {
+            self.replaced_at = Some(now);
+            self.last_heard = now;
+            return true;
+        }
+        false
+    }
+}
+
+/// Where a peer listens, the connection to it, and whether that has stalled.
 struct Peer {
     addr: String,
     client: RaftTransportClient<Channel>,
+    health: std::sync::Mutex<LinkHealth>,
 }
 
 /// One gRPC channel per peer, shared by every group's replication.
@@ -143,6 +193,8 @@ struct RouterInner {
     low_disk: Arc<LowDiskPeers>,
     /// Snapshot bytes sent per group: the progress of a replica catching up.
     snapshot_bytes: RwLock<HashMap<GroupId, u64>>,
+    /// Stalled peer connections replaced (see [`LinkHealth`]).
+    reconnects: std::sync::atomic::AtomicU64,
 }
 
 impl Router {
@@ -156,6 +208,7 @@ impl Router {
                 peers: RwLock::new(HashMap::new()),
                 low_disk: Arc::new(LowDiskPeers::default()),
                 snapshot_bytes: RwLock::new(HashMap::new()),
+                reconnects: std::sync::atomic::AtomicU64::new(0),
             }),
         }
     }
@@ -178,23 +231,67 @@ impl Router {
         if self.inner.peers.read().expect("router lock").get(&target).is_some_and(|peer| peer.addr == addr) {
             return;
         }
-        match Endpoint::from_shared(format!("http://{addr}")) {
-            Ok(endpoint) => {
-                // tonic spawns the channel's buffer and connection tasks
-                // on the runtime it is made in: Raft's.
-                let _raft_runtime = self.inner.runtime.enter();
-                let endpoint = endpoint
-                    .connect_timeout(self.inner.rpc_timeout)
-                    .tcp_nodelay(true)
-                    .http2_keep_alive_interval(Duration::from_secs(5))
-                    .keep_alive_timeout(Duration::from_secs(5));
-                let client = RaftTransportClient::new(endpoint.connect_lazy())
-                    .max_decoding_message_size(64 << 20)
-                    .max_encoding_message_size(64 << 20);
-                let peer = Peer { addr: addr.to_string(), client };
+        match self.connect(addr) {
+            Ok(client) => {
+                let health = std::sync::Mutex::new(LinkHealth::new(Instant::now()));
+                let peer = Peer { addr: addr.to_string(), client, health };
                 self.inner.peers.write().expect("router lock").insert(target, peer);
             }
             Err(e) => tracing::warn!(target, addr, error = %e, "bad peer address"),
+        }
+    }
+
+    /// A lazily connecting client for `addr`.
+    fn connect(&self, addr: &str) -> Result<RaftTransportClient<Channel>, tonic::transport::Error> {
+        let endpoint = Endpoint::from_shared(format!("http://{addr}"))?;
+        // tonic spawns the channel's buffer and connection tasks on the
+        // runtime it is made in: Raft's.
+        let _raft_runtime = self.inner.runtime.enter();
+        let endpoint = endpoint
+            .connect_timeout(self.inner.rpc_timeout)
+            .tcp_nodelay(true)
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5));
+        Ok(RaftTransportClient::new(endpoint.connect_lazy())
+            .max_decoding_message_size(64 << 20)
+            .max_encoding_message_size(64 << 20))
+    }
+
+    /// How many times this node replaced a stalled connection to a peer.
+    pub fn reconnects(&self) -> u64 {
+        self.inner.reconnects.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// `target` answered a call.
+    fn replied(&self, target: u64, at: Instant) {
+        if let Some(peer) = self.inner.peers.read().expect("router lock").get(&target) {
+            peer.health.lock().expect("link health lock").replied(at);
+        }
+    }
+
+    /// A call to `target` timed out unanswered: replaces its connection if
+    /// it has stalled (see [`LinkHealth`]). Calls already sent on the old
+    /// connection run their course.
+    fn timed_out(&self, target: u64) {
+        let stalled_after = self.inner.rpc_timeout * STALLED_AFTER_RPC_TIMEOUTS;
+        let mut peers = self.inner.peers.write().expect("router lock");
+        let Some(peer) = peers.get_mut(&target) else { return };
+        if !peer.health.lock().expect("link health lock").timed_out(Instant::now(), stalled_after) {
+            return;
+        }
+        match self.connect(&peer.addr) {
+            Ok(client) => {
+                peer.client = client;
+                self.inner.reconnects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                metrics::counter!("tocsin_raft_reconnects_total").increment(1);
+                tracing::info!(
+                    target,
+                    addr = %peer.addr,
+                    silent_ms = stalled_after.as_millis() as u64,
+                    "peer answered nothing while calls timed out; replacing its connection"
+                );
+            }
+            Err(e) => tracing::warn!(target, addr = %peer.addr, error = %e, "bad peer address"),
         }
     }
 
@@ -267,14 +364,20 @@ macro_rules! unary_rpc {
         };
         let deadline: Duration = $deadline;
         let rpc_timeout = $self.inner.rpc_timeout;
-        let (clock, low_disk, target) = ($self.inner.clock.clone(), $self.inner.low_disk.clone(), $target);
+        let (router, target) = ($self.clone(), $target);
         let call = tokio::spawn(async move {
             let result = tokio::time::timeout(rpc_timeout, client.$method(request)).await;
             // Measured here, so that a reply openraft no longer waits for
-            // still measures the peer's clock.
-            if let Ok(Ok(resp)) = &result {
-                clock.record_peer(target, sent_wall_ms, sent, resp.get_ref().replied_at_ms);
-                low_disk.note(target, resp.get_ref().low_disk, Instant::now());
+            // still measures the peer's clock and the link's health.
+            match &result {
+                Ok(Ok(resp)) => {
+                    let now = Instant::now();
+                    router.inner.clock.record_peer(target, sent_wall_ms, sent, resp.get_ref().replied_at_ms);
+                    router.inner.low_disk.note(target, resp.get_ref().low_disk, now);
+                    router.replied(target, now);
+                }
+                Ok(Err(_)) => {}
+                Err(_) => router.timed_out(target),
             }
             result
         });
@@ -626,5 +729,152 @@ impl pb::raft_transport_server::RaftTransport for TransportService {
         // The state machine keeps its own copy; the spool file can go.
         let _ = std::fs::remove_file(&path);
         Ok(self.reply(result))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::net::SocketAddr;
+    use std::sync::atomic::AtomicU64;
+    use std::sync::atomic::Ordering;
+
+    use tokio::io::AsyncReadExt;
+    use tokio::io::AsyncWriteExt;
+
+    use super::*;
+
+    const STALL: Duration = Duration::from_secs(2);
+
+    #[test]
+    fn a_link_that_answers_is_never_replaced() {
+        let t0 = Instant::now();
+        let mut health = LinkHealth::new(t0);
+        for s in 1..10 {
+            let now = t0 + Duration::from_secs(s);
+            health.replied(now - Duration::from_millis(500));
+            assert!(!health.timed_out(now, STALL), "replaced at {s} s although it answered 0.5 s before");
+        }
+    }
+
+    #[test]
+    fn a_silent_link_is_replaced_once_per_period() {
+        let t0 = Instant::now();
+        let mut health = LinkHealth::new(t0);
+        // A new connection gets a full period before it counts as stalled.
+        assert!(!health.timed_out(t0 + Duration::from_millis(1_999), STALL));
+        assert!(health.timed_out(t0 + STALL, STALL));
+        // Timeouts of calls sent on the old connection do not replace the new one at once.
+        assert!(!health.timed_out(t0 + STALL + Duration::from_millis(100), STALL));
+        assert!(!health.timed_out(t0 + STALL * 2 - Duration::from_millis(1), STALL));
+        assert!(health.timed_out(t0 + STALL * 2, STALL));
+        // A reply on the new connection resets the clock.
+        health.replied(t0 + STALL * 2 + Duration::from_millis(10));
+        assert!(!health.timed_out(t0 + STALL * 3, STALL));
+        assert!(health.timed_out(t0 + STALL * 3 + Duration::from_millis(10), STALL));
+    }
+
+    /// A TCP proxy to `upstream` whose connections stop forwarding, without
+    /// closing, once `stuck_before` passes their number: what a connection
+    /// looks like to the application while the kernel backs off its
+    /// retransmissions after a partition. Connections made later work.
+    async fn proxy(upstream: SocketAddr, stuck_before: Arc<AtomicU64>) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        tokio::spawn(async move {
+            let mut number = 0u64;
+            while let Ok((downstream, _)) = listener.accept().await {
+                number += 1;
+                let Ok(up) = tokio::net::TcpStream::connect(upstream).await else { continue };
+                let (down_read, down_write) = downstream.into_split();
+                let (up_read, up_write) = up.into_split();
+                for (mut from, mut to) in [
+                    (
+                        Box::new(down_read) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+                        Box::new(up_write) as Box<dyn tokio::io::AsyncWrite + Send + Unpin>,
+                    ),
+                    (Box::new(up_read), Box::new(down_write)),
+                ] {
+                    let stuck_before = stuck_before.clone();
+                    tokio::spawn(async move {
+                        let mut buf = vec![0u8; 64 << 10];
+                        loop {
+                            let n = match from.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            while stuck_before.load(Ordering::Relaxed) > number {
+                                tokio::time::sleep(Duration::from_millis(10)).await;
+                            }
+                            if to.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                }
+            }
+        });
+        addr
+    }
+
+    /// One vote call to node 2 for a group it does not host: `true` when it
+    /// answered (that it does not host the group), `false` on a timeout.
+    async fn answered(router: &Router) -> bool {
+        let rpc = VoteRequest::<C>::new(Vote::new(1, 1), None);
+        match router.vote(2, 7, rpc, RPCOption::new(Duration::from_secs(1))).await {
+            Ok(_) => panic!("node 2 hosts no group"),
+            Err(e) => {
+                let e = e.to_string();
+                assert!(e.contains("not hosted") || e.contains("timed out"), "unexpected error: {e}");
+                e.contains("not hosted")
+            }
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_stalled_peer_connection_is_replaced_and_calls_are_answered_again() {
+        let spool = tempfile::tempdir().expect("tempdir");
+        let clock = Clock::system(500);
+        let service = TransportService::new(
+            Groups::default(),
+            spool.path().to_path_buf(),
+            clock.clone(),
+            Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        );
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind server");
+        let server_addr = listener.local_addr().expect("server address");
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(pb::raft_transport_server::RaftTransportServer::new(service))
+                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+        );
+        let stuck_before = Arc::new(AtomicU64::new(0));
+        let proxy_addr = proxy(server_addr, stuck_before.clone()).await;
+
+        let rpc_timeout = Duration::from_millis(200);
+        let router = Router::new(1, rpc_timeout, clock, tokio::runtime::Handle::current());
+        router.set_addr(2, &proxy_addr.to_string());
+        assert!(answered(&router).await, "the first call went unanswered");
+        assert_eq!(router.reconnects(), 0);
+
+        // Every connection made so far goes silent and stays open.
+        stuck_before.store(u64::MAX, Ordering::Relaxed);
+        assert!(!answered(&router).await, "a stuck connection answered");
+        stuck_before.store(2, Ordering::Relaxed);
+
+        // Calls keep timing out until the router gives up on the connection
+        // (two RPC timeouts of silence), then a new one answers.
+        let stuck_at = Instant::now();
+        while !answered(&router).await {
+            assert!(
+                stuck_at.elapsed() < Duration::from_secs(3),
+                "still no answer {:?} after the connection stalled (reconnects: {})",
+                stuck_at.elapsed(),
+                router.reconnects()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(router.reconnects(), 1, "one stall, one new connection");
+        let recovered_ms = stuck_at.elapsed().as_millis();
+        assert!(recovered_ms >= (rpc_timeout * STALLED_AFTER_RPC_TIMEOUTS).as_millis() - 250, "{recovered_ms}");
     }
 }
