@@ -75,16 +75,37 @@ pub struct StoreStats {
     pub batches: AtomicU64,
     /// Sync rounds: one per fsync, each covering one or more batches.
     pub rounds: AtomicU64,
+    /// Batches written without asking for a sync of their own.
+    pub unsynced: AtomicU64,
 }
 
 type OnDurable = Box<dyn FnOnce(io::Result<()>) + Send>;
 
+/// Who hears that a batch is in the memtable (readable).
+enum Written {
+    Channel(oneshot::Sender<io::Result<()>>),
+    Callback(Box<dyn FnOnce(io::Result<()>) + Send>),
+}
+
+impl Written {
+    fn tell(self, res: io::Result<()>) {
+        match self {
+            Written::Channel(tx) => {
+                let _ = tx.send(res);
+            }
+            Written::Callback(f) => f(res),
+        }
+    }
+}
+
 struct WriteRequest {
     batch: WriteBatch,
     /// Told once the batch is in the memtable (readable).
-    written: Option<oneshot::Sender<io::Result<()>>>,
-    /// Called once the batch is durable (or failed).
-    on_durable: OnDurable,
+    written: Option<Written>,
+    /// Called once the batch is durable (or failed). A request without one
+    /// asks for no sync: the next round that syncs covers it, since the WAL
+    /// is written in order.
+    on_durable: Option<OnDurable>,
 }
 
 /// The node's RocksDB plus its writer thread.
@@ -195,9 +216,9 @@ impl Store {
         self.submit(WriteRequest {
             batch,
             written: None,
-            on_durable: Box::new(move |res| {
+            on_durable: Some(Box::new(move |res| {
                 let _ = tx.send(res);
-            }),
+            })),
         })
         .await?;
         rx.await.map_err(|_| io::Error::other("store writer stopped"))?
@@ -211,7 +232,63 @@ impl Store {
         on_durable: impl FnOnce(io::Result<()>) + Send + 'static,
     ) -> io::Result<()> {
         let (tx, rx) = oneshot::channel();
-        self.submit(WriteRequest { batch, written: Some(tx), on_durable: Box::new(on_durable) }).await?;
+        self.submit(WriteRequest {
+            batch,
+            written: Some(Written::Channel(tx)),
+            on_durable: Some(Box::new(on_durable)),
+        })
+        .await?;
+        rx.await.map_err(|_| io::Error::other("store writer stopped"))?
+    }
+
+    /// Queues `batch` for the writer and returns once it is queued (waiting
+    /// only if the queue is full): `on_written` is called once the batch is
+    /// in the memtable, `on_durable` once it is synced. For callers that
+    /// keep what they wrote readable themselves until then (the log's cache
+    /// of recent entries), so their caller need not wait for the writer.
+    pub async fn write_queued(
+        &self,
+        batch: WriteBatch,
+        on_written: impl FnOnce(io::Result<()>) + Send + 'static,
+        on_durable: impl FnOnce(io::Result<()>) + Send + 'static,
+    ) -> io::Result<()> {
+        self.submit(WriteRequest {
+            batch,
+            written: Some(Written::Callback(Box::new(on_written))),
+            on_durable: Some(Box::new(on_durable)),
+        })
+        .await
+    }
+
+    /// Writes `batch` on the calling thread, unsynced: the writer's next
+    /// sync covers it (the WAL is one ordered stream, whoever writes to it).
+    /// For a blocking thread that has just built the batch (apply), so it
+    /// need not hand it to the writer and wait to be woken. Honours and
+    /// latches the store's failure like the writer does.
+    pub fn write_now(&self, batch: WriteBatch) -> io::Result<()> {
+        if self.failed.load(Ordering::SeqCst) {
+            return Err(io::Error::other("store failed earlier; refusing writes"));
+        }
+        let mut no_sync = WriteOptions::default();
+        no_sync.set_sync(false);
+        self.db.write_opt(batch, &no_sync).map_err(to_io).inspect_err(|e| {
+            tracing::error!(error = %e, "rocksdb write failed; store is now failed");
+            self.failed.store(true, Ordering::SeqCst);
+        })?;
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats.unsynced.fetch_add(1, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Writes `batch` and returns once it is readable, asking for no WAL
+    /// sync of its own: it becomes durable with the next write that does
+    /// (the WAL is written in order), or is lost in a crash together with
+    /// everything written after it. For state that can be rebuilt from the
+    /// log (applied state, the committed index): a round that holds only
+    /// such writes costs no fsync.
+    pub async fn write_unsynced(&self, batch: WriteBatch) -> io::Result<()> {
+        let (tx, rx) = oneshot::channel();
+        self.submit(WriteRequest { batch, written: Some(Written::Channel(tx)), on_durable: None }).await?;
         rx.await.map_err(|_| io::Error::other("store writer stopped"))?
     }
 
@@ -284,7 +361,9 @@ fn writer_loop(db: &DB, mut rx: mpsc::Receiver<WriteRequest>, stats: &StoreStats
     while let Some(first) = rx.blocking_recv() {
         stall_if_asked();
         let mut next = Some(first);
+        let mut requests = 0;
         while let Some(req) = next.take() {
+            requests += 1;
             let res = if failed.load(Ordering::SeqCst) {
                 Err(io::Error::other("store failed earlier; refusing writes"))
             } else {
@@ -296,12 +375,22 @@ fn writer_loop(db: &DB, mut rx: mpsc::Receiver<WriteRequest>, stats: &StoreStats
             }
             stats.batches.fetch_add(1, Ordering::Relaxed);
             if let Some(written) = req.written {
-                let _ = written.send(res.as_ref().map(|_| ()).map_err(clone_err));
+                written.tell(res.as_ref().map(|_| ()).map_err(clone_err));
             }
-            round.push((req.on_durable, res));
-            if round.len() < MAX_REQUESTS_PER_ROUND {
+            match req.on_durable {
+                Some(on_durable) => round.push((on_durable, res)),
+                None => {
+                    stats.unsynced.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            if requests < MAX_REQUESTS_PER_ROUND {
                 next = rx.try_recv().ok();
             }
+        }
+        if round.is_empty() {
+            // Nothing in this round asked to be durable: its writes wait in
+            // the WAL buffer for the next round that syncs.
+            continue;
         }
         let sync_res = if failed.load(Ordering::SeqCst) {
             Err(io::Error::other("store failed; not syncing"))

@@ -367,8 +367,7 @@ pub fn install(store: &Store, group: GroupId, snapshot: &SnapshotFile) -> io::Re
     let rt = tokio::runtime::Handle::try_current().ok();
     let write = |batch: WriteBatch, durable: bool| -> io::Result<()> {
         // The writer keeps writes in order with the group's other writes.
-        let fut =
-            async { if durable { store.write_durable(batch).await } else { store.write_then(batch, |_| {}).await } };
+        let fut = async { if durable { store.write_durable(batch).await } else { store.write_unsynced(batch).await } };
         match &rt {
             Some(rt) => rt.block_on(fut),
             None => futures::executor::block_on(fut),
