@@ -90,12 +90,17 @@ impl LeaderTask {
 /// leader, aborted the moment it is not, restarted if it ended on its own
 /// (for example after being fenced) while openraft still calls it leader.
 pub async fn supervise(ctx: Arc<ShardCtx>, dispatcher: Arc<Dispatcher>) {
-    let mut metrics = ctx.raft.metrics();
+    // The server metrics change only with the vote, state, leader or
+    // membership. openraft publishes its full metrics after every step of
+    // its core (every tick, about 100 times a second per group, and every
+    // write): watching those would wake this task, across runtimes, that
+    // often for every shard.
+    let mut metrics = ctx.raft.server_metrics();
     let mut task: Option<(LeaderTask, u64)> = None;
     loop {
         let (leading, term) = {
             let m = metrics.borrow_and_update();
-            (m.state == openraft::ServerState::Leader && m.current_leader == Some(ctx.node_id), m.current_term)
+            (m.state == openraft::ServerState::Leader && m.current_leader == Some(ctx.node_id), m.vote.leader_id().term)
         };
         task = match (leading, task.take()) {
             (false, Some((t, _))) => {

@@ -43,6 +43,7 @@ pub mod fault;
 pub mod forward;
 pub mod json;
 pub mod leader;
+pub mod link;
 pub mod meta;
 pub mod node;
 pub mod ops;

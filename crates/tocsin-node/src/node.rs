@@ -51,7 +51,6 @@ use crate::raft::NetworkFactory;
 use crate::raft::Router;
 use crate::raft::TransportService;
 use crate::raft::openraft_config;
-use crate::runtime::OffloadLayer;
 use crate::runtime::RaftRuntime;
 use crate::shard::ShardCtx;
 
@@ -569,14 +568,14 @@ impl Node {
 
         let (shutdown, shutdown_rx) = watch::channel(false);
         let servers = vec![
-            // The gRPC server runs on the Raft runtime and sends all but
-            // Raft's requests to this (the work) runtime.
-            raft_runtime.handle().spawn(serve_grpc(
+            // Raft's links are accepted and served on the Raft runtime; every
+            // other connection (gRPC) is served here, on the work runtime.
+            tokio::spawn(serve_grpc(
                 state.clone(),
                 grpc_listener,
                 store.path().join("spool"),
                 shutdown_rx.clone(),
-                tokio::runtime::Handle::current(),
+                raft_runtime.handle().clone(),
             )),
             tokio::spawn(serve_http(state.clone(), http_listener, shutdown_rx)),
         ];
@@ -685,7 +684,7 @@ async fn serve_grpc(
     listener: TcpListener,
     spool: std::path::PathBuf,
     mut shutdown: watch::Receiver<bool>,
-    work: tokio::runtime::Handle,
+    raft: tokio::runtime::Handle,
 ) {
     let max = state.config.admission.max_request_bytes;
     let timers = pb::timer_service_server::TimerServiceServer::new(TimerApi::new(state.clone()))
@@ -694,22 +693,18 @@ async fn serve_grpc(
     let admin = pb::admin_service_server::AdminServiceServer::new(AdminApi::new(state.clone()));
     let replicas =
         pb::replica_control_server::ReplicaControlServer::new(crate::replicas::ReplicaService::new(state.clone()));
-    let transport = pb::raft_transport_server::RaftTransportServer::new(TransportService::new(
+    let transport = Arc::new(TransportService::new(
         state.groups.clone(),
         spool,
         state.clock.clone(),
         state.admission.disk_low_flag(),
-    ))
-    .max_decoding_message_size(64 << 20)
-    .max_encoding_message_size(64 << 20);
-    // Small request/response RPCs must not wait on Nagle's algorithm (40 ms
-    // with a delayed ACK); tonic's own nodelay setting only covers listeners
-    // it binds itself.
-    let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |conn| {
-        conn.inspect(|s| {
-            let _ = s.set_nodelay(true);
-        })
-    });
+    ));
+    // Raft messages come on their own links (`link.rs`), told apart from
+    // HTTP/2 by their first byte; everything else is gRPC.
+    let incoming = crate::link::split_incoming(listener, transport.clone(), raft);
+    let transport = pb::raft_transport_server::RaftTransportServer::from_arc(transport)
+        .max_decoding_message_size(64 << 20)
+        .max_encoding_message_size(64 << 20);
     let result = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         // h2's rapid-reset guard closes a whole connection once 20 streams
@@ -721,7 +716,6 @@ async fn serve_grpc(
         // connection failed with it. Still bounded, so a client cannot make
         // the server track resets without end.
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
-        .layer(OffloadLayer::new(work))
         .add_service(timers)
         .add_service(admin)
         .add_service(replicas)

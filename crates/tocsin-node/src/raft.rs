@@ -45,6 +45,9 @@ use tonic::transport::Endpoint;
 
 use crate::clock::Clock;
 use crate::config::RaftTuning;
+use crate::link::LinkClient;
+use crate::link::LinkError;
+use crate::link::ReplyObserver;
 
 type C = TypeConfig;
 
@@ -84,6 +87,10 @@ pub fn openraft_config(tuning: &RaftTuning) -> Arc<openraft::Config> {
         // Pre-vote: a node coming back from a partition does not raise the term
         // and depose a healthy leader.
         enable_pre_vote: Some(true),
+        // Replicate an entry as soon as its append is queued (the log's cache
+        // keeps it readable), not after the core's whole batch of messages:
+        // the leader's fsync and the followers' then run side by side.
+        broadcast_submitted_on_append: Some(true),
         ..Default::default()
     };
     Arc::new(config.validate().expect("tuning was validated with the node config"))
@@ -167,14 +174,17 @@ impl LinkHealth {
     }
 }
 
-/// Where a peer listens, the connection to it, and whether that has stalled.
+/// Where a peer listens, the link to it, and whether that has stalled.
 struct Peer {
     addr: String,
-    client: RaftTransportClient<Channel>,
+    /// Raft messages (`link.rs`).
+    link: Arc<LinkClient>,
+    /// Snapshots, streamed over gRPC.
+    snapshots: RaftTransportClient<Channel>,
     health: std::sync::Mutex<LinkHealth>,
 }
 
-/// One gRPC channel per peer, shared by every group's replication.
+/// One link per peer, shared by every group's replication.
 #[derive(Clone)]
 pub struct Router {
     inner: Arc<RouterInner>,
@@ -226,23 +236,34 @@ impl Router {
         self.inner.snapshot_bytes.read().expect("router lock").get(&group).copied().unwrap_or(0)
     }
 
-    /// Records where `target` listens; a changed address gets a new channel.
+    /// Records where `target` listens; a changed address gets a new link.
     pub fn set_addr(&self, target: u64, addr: &str) {
         if self.inner.peers.read().expect("router lock").get(&target).is_some_and(|peer| peer.addr == addr) {
             return;
         }
-        match self.connect(addr) {
-            Ok(client) => {
+        match self.snapshot_client(addr) {
+            Ok(snapshots) => {
+                let observer = Arc::new(Observe(Arc::downgrade(&self.inner)));
+                let link = Arc::new(LinkClient::new(
+                    target,
+                    addr,
+                    self.inner.runtime.clone(),
+                    self.inner.rpc_timeout,
+                    observer,
+                ));
                 let health = std::sync::Mutex::new(LinkHealth::new(Instant::now()));
-                let peer = Peer { addr: addr.to_string(), client, health };
-                self.inner.peers.write().expect("router lock").insert(target, peer);
+                let peer = Peer { addr: addr.to_string(), link, snapshots, health };
+                let old = self.inner.peers.write().expect("router lock").insert(target, peer);
+                if let Some(old) = old {
+                    old.link.reconnect();
+                }
             }
             Err(e) => tracing::warn!(target, addr, error = %e, "bad peer address"),
         }
     }
 
-    /// A lazily connecting client for `addr`.
-    fn connect(&self, addr: &str) -> Result<RaftTransportClient<Channel>, tonic::transport::Error> {
+    /// A lazily connecting gRPC client for `addr`'s snapshot streams.
+    fn snapshot_client(&self, addr: &str) -> Result<RaftTransportClient<Channel>, tonic::transport::Error> {
         let endpoint = Endpoint::from_shared(format!("http://{addr}"))?;
         // tonic spawns the channel's buffer and connection tasks on the
         // runtime it is made in: Raft's.
@@ -262,37 +283,25 @@ impl Router {
         self.inner.reconnects.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// `target` answered a call.
-    fn replied(&self, target: u64, at: Instant) {
-        if let Some(peer) = self.inner.peers.read().expect("router lock").get(&target) {
-            peer.health.lock().expect("link health lock").replied(at);
-        }
-    }
-
     /// A call to `target` timed out unanswered: replaces its connection if
     /// it has stalled (see [`LinkHealth`]). Calls already sent on the old
     /// connection run their course.
     fn timed_out(&self, target: u64) {
         let stalled_after = self.inner.rpc_timeout * STALLED_AFTER_RPC_TIMEOUTS;
-        let mut peers = self.inner.peers.write().expect("router lock");
-        let Some(peer) = peers.get_mut(&target) else { return };
+        let peers = self.inner.peers.read().expect("router lock");
+        let Some(peer) = peers.get(&target) else { return };
         if !peer.health.lock().expect("link health lock").timed_out(Instant::now(), stalled_after) {
             return;
         }
-        match self.connect(&peer.addr) {
-            Ok(client) => {
-                peer.client = client;
-                self.inner.reconnects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                metrics::counter!("tocsin_raft_reconnects_total").increment(1);
-                tracing::info!(
-                    target,
-                    addr = %peer.addr,
-                    silent_ms = stalled_after.as_millis() as u64,
-                    "peer answered nothing while calls timed out; replacing its connection"
-                );
-            }
-            Err(e) => tracing::warn!(target, addr = %peer.addr, error = %e, "bad peer address"),
-        }
+        peer.link.reconnect();
+        self.inner.reconnects.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        metrics::counter!("tocsin_raft_reconnects_total").increment(1);
+        tracing::info!(
+            target,
+            addr = %peer.addr,
+            silent_ms = stalled_after.as_millis() as u64,
+            "peer answered nothing while calls timed out; replacing its connection"
+        );
     }
 
     /// Whether `peer` said in a reply of the last [`LOW_DISK_FRESH`] that its
@@ -302,29 +311,56 @@ impl Router {
         self.inner.low_disk.is_low(peer, Instant::now())
     }
 
-    fn client(&self, target: u64) -> Result<RaftTransportClient<Channel>, Unreachable<C>> {
+    fn link(&self, target: u64) -> Result<Arc<LinkClient>, Unreachable<C>> {
         self.inner
             .peers
             .read()
             .expect("router lock")
             .get(&target)
-            .map(|peer| peer.client.clone())
+            .map(|peer| peer.link.clone())
             .ok_or_else(|| Unreachable::from_string(format!("no address known for node {target}")))
+    }
+
+    fn snapshots(&self, target: u64) -> Result<RaftTransportClient<Channel>, Unreachable<C>> {
+        self.inner
+            .peers
+            .read()
+            .expect("router lock")
+            .get(&target)
+            .map(|peer| peer.snapshots.clone())
+            .ok_or_else(|| Unreachable::from_string(format!("no address known for node {target}")))
+    }
+
+    /// One Raft message to `target` over its link, answered within `wait`
+    /// (and the transport's own timeout).
+    async fn call<Req: Serialize, Resp: DeserializeOwned>(
+        &self,
+        target: u64,
+        group_id: GroupId,
+        kind: pb::RaftRpcKind,
+        rpc: &Req,
+        wait: Duration,
+    ) -> Result<Resp, RPCError<C>> {
+        let link = self.link(target)?;
+        metrics::counter!("tocsin_raft_rpcs_sent_total", "rpc" => kind.as_str_name()).increment(1);
+        if crate::fault::hit(&format!("raft::to::{target}")).await.is_some() {
+            return Err(RPCError::Unreachable(Unreachable::from_string("dropped by a fault point")));
+        }
+        let wait = wait.min(self.inner.rpc_timeout);
+        let sent_wall_ms = self.inner.clock.wall_ms();
+        match link.call(kind, group_id, self.inner.node_id, encode(rpc), sent_wall_ms, wait).await {
+            Ok(reply) => reply_to(reply),
+            Err(e) => {
+                if matches!(e, LinkError::TimedOut { .. }) {
+                    self.timed_out(target);
+                }
+                Err(RPCError::Unreachable(Unreachable::from_string(e.to_string())))
+            }
+        }
     }
 
     fn deadline(&self, option: &RPCOption) -> Duration {
         option.hard_ttl().min(self.inner.rpc_timeout)
-    }
-}
-
-/// Maps a transport failure: connection-level problems mean "unreachable,
-/// back off"; anything else is a retryable network error.
-fn status_to_rpc(status: tonic::Status) -> RPCError<C> {
-    match status.code() {
-        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
-            RPCError::Unreachable(Unreachable::from_string(status.message()))
-        }
-        _ => RPCError::Network(NetworkError::from_string(format!("{}: {}", status.code(), status.message()))),
     }
 }
 
@@ -338,65 +374,23 @@ fn reply_to<T: DeserializeOwned>(reply: pb::RaftReply) -> Result<T, RPCError<C>>
     decode(&reply.payload).map_err(|e| RPCError::Network(NetworkError::from_string(e)))
 }
 
-/// One unary Raft RPC to `$target`, answered within `$deadline`.
-///
-/// The call runs detached, under its own [`RouterInner::rpc_timeout`]: when
-/// openraft gives up on it first (it drops heartbeats and votes after its own
-/// short TTL, 50 ms for a heartbeat), the call still completes instead of
-/// being reset. A dropped gRPC call resets its HTTP/2 stream, and a server
-/// that receives more than 20 resets of streams it has not accepted yet
-/// (h2's rapid-reset guard) closes the whole connection, failing every
-/// group's RPCs to that peer at once. On two busy cores that turned missed
-/// heartbeats into connection losses and elections, again and again after a
-/// partition healed (chaos `flapping-partitions`).
-macro_rules! unary_rpc {
-    ($self:ident, $target:ident, $group:ident, $deadline:expr, $method:ident, $msg:ident, $rpc:expr) => {{
-        let mut client = $self.client($target)?;
-        if crate::fault::hit(&format!("raft::to::{}", $target)).await.is_some() {
-            return Err(RPCError::Unreachable(Unreachable::from_string("dropped by a fault point")));
+/// Hears every reply on the links, including those whose caller stopped
+/// waiting: openraft gives up on a heartbeat after 50 ms, but its reply
+/// still measures the peer's clock and the link's health.
+struct Observe(std::sync::Weak<RouterInner>);
+
+impl ReplyObserver for Observe {
+    fn replied(&self, target: u64, sent_wall_ms: u64, sent: Instant, kind: pb::RaftRpcKind, reply: &pb::RaftReply) {
+        let Some(inner) = self.0.upgrade() else { return };
+        let now = Instant::now();
+        metrics::histogram!("tocsin_raft_rpc_seconds", "rpc" => kind.as_str_name())
+            .record(now.saturating_duration_since(sent).as_secs_f64());
+        inner.clock.record_peer(target, sent_wall_ms, sent, reply.replied_at_ms);
+        inner.low_disk.note(target, reply.low_disk, now);
+        if let Some(peer) = inner.peers.read().expect("router lock").get(&target) {
+            peer.health.lock().expect("link health lock").replied(now);
         }
-        let (sent_wall_ms, sent) = ($self.inner.clock.wall_ms(), std::time::Instant::now());
-        let request = pb::$msg {
-            group_id: $group,
-            from_node: $self.inner.node_id,
-            payload: encode(&$rpc).into(),
-            sent_at_ms: sent_wall_ms,
-        };
-        let deadline: Duration = $deadline;
-        let rpc_timeout = $self.inner.rpc_timeout;
-        let (router, target) = ($self.clone(), $target);
-        let call = tokio::spawn(async move {
-            let result = tokio::time::timeout(rpc_timeout, client.$method(request)).await;
-            // Measured here, so that a reply openraft no longer waits for
-            // still measures the peer's clock and the link's health.
-            match &result {
-                Ok(Ok(resp)) => {
-                    let now = Instant::now();
-                    router.inner.clock.record_peer(target, sent_wall_ms, sent, resp.get_ref().replied_at_ms);
-                    router.inner.low_disk.note(target, resp.get_ref().low_disk, now);
-                    router.replied(target, now);
-                }
-                Ok(Err(_)) => {}
-                Err(_) => router.timed_out(target),
-            }
-            result
-        });
-        match tokio::time::timeout(deadline, call).await {
-            Ok(Ok(Ok(Ok(resp)))) => reply_to(resp.into_inner()),
-            Ok(Ok(Ok(Err(status)))) => Err(status_to_rpc(status)),
-            Ok(Err(join)) => Err(RPCError::Unreachable(Unreachable::from_string(format!(
-                "{} to node {}: {join}",
-                stringify!($method),
-                $target
-            )))),
-            Ok(Ok(Err(_))) | Err(_) => Err(RPCError::Unreachable(Unreachable::from_string(format!(
-                "{} to node {} timed out after {:?}",
-                stringify!($method),
-                $target,
-                deadline.min(rpc_timeout)
-            )))),
-        }
-    }};
+    }
 }
 
 impl GroupRouter<C, GroupId> for Router {
@@ -412,7 +406,7 @@ impl GroupRouter<C, GroupId> for Router {
         // openraft's TTL for an append is the heartbeat interval (50 ms), which
         // a follower's fsync on a loaded node often exceeds; failing the append
         // then only makes the leader send it again after a back-off.
-        unary_rpc!(self, target, group_id, self.inner.rpc_timeout, append_entries, AppendEntriesRpc, rpc)
+        self.call(target, group_id, pb::RaftRpcKind::AppendEntries, &rpc, self.inner.rpc_timeout).await
     }
 
     async fn vote(
@@ -422,7 +416,7 @@ impl GroupRouter<C, GroupId> for Router {
         rpc: VoteRequest<C>,
         option: RPCOption,
     ) -> Result<VoteResponse<C>, RPCError<C>> {
-        unary_rpc!(self, target, group_id, self.deadline(&option), vote, VoteRpc, rpc)
+        self.call(target, group_id, pb::RaftRpcKind::Vote, &rpc, self.deadline(&option)).await
     }
 
     async fn pre_vote(
@@ -432,7 +426,7 @@ impl GroupRouter<C, GroupId> for Router {
         rpc: VoteRequest<C>,
         option: RPCOption,
     ) -> Result<VoteResponse<C>, RPCError<C>> {
-        unary_rpc!(self, target, group_id, self.deadline(&option), pre_vote, PreVoteRpc, rpc)
+        self.call(target, group_id, pb::RaftRpcKind::PreVote, &rpc, self.deadline(&option)).await
     }
 
     async fn transfer_leader(
@@ -442,7 +436,7 @@ impl GroupRouter<C, GroupId> for Router {
         req: TransferLeaderRequest<C>,
         option: RPCOption,
     ) -> Result<TransferLeaderResponse<C>, RPCError<C>> {
-        unary_rpc!(self, target, group_id, self.deadline(&option), transfer_leader, TransferLeaderRpc, req)
+        self.call(target, group_id, pb::RaftRpcKind::TransferLeader, &req, self.deadline(&option)).await
     }
 
     async fn full_snapshot(
@@ -454,7 +448,7 @@ impl GroupRouter<C, GroupId> for Router {
         cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
         _option: RPCOption,
     ) -> Result<SnapshotResponse<C>, StreamingError<C>> {
-        let mut client = self.client(target)?;
+        let mut client = self.snapshots(target)?;
         let from_node = self.inner.node_id;
         let header = encode(&(vote, snapshot.meta.clone()));
         let file = snapshot.snapshot;
@@ -596,9 +590,9 @@ impl TransportService {
         })
     }
 
-    fn reply<T: Serialize, E: std::fmt::Display>(&self, result: Result<T, E>) -> tonic::Response<pb::RaftReply> {
+    fn reply<T: Serialize, E: std::fmt::Display>(&self, result: Result<T, E>) -> pb::RaftReply {
         let replied_at_ms = self.clock.wall_ms();
-        tonic::Response::new(match result {
+        match result {
             Ok(v) => pb::RaftReply {
                 payload: encode(&v).into(),
                 error: String::new(),
@@ -613,7 +607,42 @@ impl TransportService {
                 replied_at_ms,
                 low_disk: self.low_disk(),
             },
-        })
+        }
+    }
+}
+
+impl crate::link::LinkHandler for TransportService {
+    async fn handle(&self, req: pb::RaftLinkRequest) -> pb::RaftReply {
+        self.clock.record_incoming(req.from_node, req.sent_at_ms);
+        let raft = match self.group(req.group_id) {
+            Ok(r) => r,
+            Err(reply) => return reply,
+        };
+        let bad = |e: String| self.reply::<(), _>(Err(format!("bad payload: {e}")));
+        match pb::RaftRpcKind::try_from(req.kind) {
+            Ok(pb::RaftRpcKind::AppendEntries) => match decode::<AppendEntriesRequest<C>>(&req.payload) {
+                Ok(rpc) => {
+                    let started = Instant::now();
+                    let result = raft.append_entries(rpc).await;
+                    metrics::histogram!("tocsin_raft_append_handled_seconds").record(started.elapsed().as_secs_f64());
+                    self.reply(result)
+                }
+                Err(e) => bad(e),
+            },
+            Ok(pb::RaftRpcKind::Vote) => match decode::<VoteRequest<C>>(&req.payload) {
+                Ok(rpc) => self.reply(raft.vote(rpc).await),
+                Err(e) => bad(e),
+            },
+            Ok(pb::RaftRpcKind::PreVote) => match decode::<VoteRequest<C>>(&req.payload) {
+                Ok(rpc) => self.reply(raft.pre_vote(rpc).await),
+                Err(e) => bad(e),
+            },
+            Ok(pb::RaftRpcKind::TransferLeader) => match decode::<TransferLeaderRequest<C>>(&req.payload) {
+                Ok(rpc) => self.reply(raft.handle_transfer_leader(rpc).await),
+                Err(e) => bad(e),
+            },
+            Ok(pb::RaftRpcKind::Unspecified) | Err(_) => bad(format!("unknown message kind {}", req.kind)),
+        }
     }
 }
 
@@ -623,62 +652,6 @@ fn bad_payload(e: String) -> tonic::Status {
 
 #[tonic::async_trait]
 impl pb::raft_transport_server::RaftTransport for TransportService {
-    async fn append_entries(
-        &self,
-        request: tonic::Request<pb::AppendEntriesRpc>,
-    ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
-        let req = request.into_inner();
-        self.clock.record_incoming(req.from_node, req.sent_at_ms);
-        let raft = match self.group(req.group_id) {
-            Ok(r) => r,
-            Err(reply) => return Ok(tonic::Response::new(reply)),
-        };
-        let rpc: AppendEntriesRequest<C> = decode(&req.payload).map_err(bad_payload)?;
-        Ok(self.reply(raft.append_entries(rpc).await))
-    }
-
-    async fn vote(
-        &self,
-        request: tonic::Request<pb::VoteRpc>,
-    ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
-        let req = request.into_inner();
-        self.clock.record_incoming(req.from_node, req.sent_at_ms);
-        let raft = match self.group(req.group_id) {
-            Ok(r) => r,
-            Err(reply) => return Ok(tonic::Response::new(reply)),
-        };
-        let rpc: VoteRequest<C> = decode(&req.payload).map_err(bad_payload)?;
-        Ok(self.reply(raft.vote(rpc).await))
-    }
-
-    async fn pre_vote(
-        &self,
-        request: tonic::Request<pb::PreVoteRpc>,
-    ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
-        let req = request.into_inner();
-        self.clock.record_incoming(req.from_node, req.sent_at_ms);
-        let raft = match self.group(req.group_id) {
-            Ok(r) => r,
-            Err(reply) => return Ok(tonic::Response::new(reply)),
-        };
-        let rpc: VoteRequest<C> = decode(&req.payload).map_err(bad_payload)?;
-        Ok(self.reply(raft.pre_vote(rpc).await))
-    }
-
-    async fn transfer_leader(
-        &self,
-        request: tonic::Request<pb::TransferLeaderRpc>,
-    ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
-        let req = request.into_inner();
-        self.clock.record_incoming(req.from_node, req.sent_at_ms);
-        let raft = match self.group(req.group_id) {
-            Ok(r) => r,
-            Err(reply) => return Ok(tonic::Response::new(reply)),
-        };
-        let rpc: TransferLeaderRequest<C> = decode(&req.payload).map_err(bad_payload)?;
-        Ok(self.reply(raft.handle_transfer_leader(rpc).await))
-    }
-
     async fn install_snapshot(
         &self,
         request: tonic::Request<tonic::Streaming<pb::SnapshotChunk>>,
@@ -728,7 +701,7 @@ impl pb::raft_transport_server::RaftTransport for TransportService {
             raft.install_full_snapshot(vote, openraft::alias::SnapshotOf::<C, SnapshotFile> { meta, snapshot }).await;
         // The state machine keeps its own copy; the spool file can go.
         let _ = std::fs::remove_file(&path);
-        Ok(self.reply(result))
+        Ok(tonic::Response::new(self.reply(result)))
     }
 }
 
@@ -842,11 +815,7 @@ mod tests {
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind server");
         let server_addr = listener.local_addr().expect("server address");
-        tokio::spawn(
-            tonic::transport::Server::builder()
-                .add_service(pb::raft_transport_server::RaftTransportServer::new(service))
-                .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-        );
+        let _grpc = crate::link::split_incoming(listener, Arc::new(service), tokio::runtime::Handle::current());
         let stuck_before = Arc::new(AtomicU64::new(0));
         let proxy_addr = proxy(server_addr, stuck_before.clone()).await;
 
