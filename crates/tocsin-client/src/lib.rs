@@ -163,6 +163,9 @@ const REFRESH_GRACE: Duration = Duration::from_millis(30);
 
 /// The request header carrying the map epoch a request was routed by.
 pub const MAP_EPOCH_HEADER: &str = "x-tocsin-map-epoch";
+/// On a response: the node that answered a request the node it was sent
+/// to forwarded, i.e. the shard's leader.
+pub const LEADER_HEADER: &str = "x-tocsin-leader";
 
 /// A long-running cluster operation, run by [`Client::admin_op`].
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -444,6 +447,19 @@ impl Client {
         false
     }
 
+    /// A node forwarded a request for `shard` to `leader`: route the shard
+    /// there from now on, if the map says where that node is.
+    fn learned_leader(&self, shard: Option<u32>, leader: u64) {
+        let Some(shard) = shard else { return };
+        let mut route = self.inner.route.write().expect("route lock");
+        if let Some(route) = route.as_mut()
+            && route.addrs.contains_key(&leader)
+            && let Some(l) = route.leaders.get_mut(shard as usize)
+        {
+            *l = leader;
+        }
+    }
+
     fn backoff(&self, attempt: u32) -> Duration {
         let o = &self.inner.options;
         let base = o.initial_backoff.saturating_mul(1 << attempt.min(16)).min(o.max_backoff);
@@ -473,7 +489,15 @@ impl Client {
             let addr = self.addr_for(shard, attempt)?;
             let channel = self.channel(&addr)?;
             match tokio::time::timeout(self.inner.options.request_timeout, call(channel)).await {
-                Ok(Ok(resp)) => return Ok(resp.into_inner()),
+                Ok(Ok(resp)) => {
+                    // Forwarded to the shard's leader: route there next time.
+                    if let Some(leader) =
+                        resp.metadata().get(LEADER_HEADER).and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+                    {
+                        self.learned_leader(shard, leader);
+                    }
+                    return Ok(resp.into_inner());
+                }
                 Ok(Err(status)) => {
                     let err = ClientError::from_status(status);
                     if !err.retryable() {

@@ -24,6 +24,16 @@ pub const SHARD: &str = "x-tocsin-shard";
 /// Set by the shard-aware client: the cluster map epoch it routed the
 /// request by (see `NodeState::check_route`).
 pub const MAP_EPOCH: &str = "x-tocsin-map-epoch";
+/// Set on the response to a request this node forwarded: the id of the node
+/// that answered it, the shard's leader. The shard-aware client routes the
+/// shard's next requests there instead of paying the extra hop each time
+/// (a forward succeeds, so without this it would never learn).
+pub const LEADER: &str = "x-tocsin-leader";
+
+/// Marks `response` as answered by `leader` (see [`LEADER`]).
+pub fn mark_leader<T>(response: &mut tonic::Response<T>, leader: u64) {
+    response.metadata_mut().insert(LEADER, leader.to_string().parse().expect("ascii"));
+}
 
 /// gRPC channels to other nodes' public API, by address.
 pub struct Forwarder {

@@ -6,5 +6,6 @@ mod clock;
 mod cluster_ops;
 mod faults;
 mod pull;
+mod routing;
 mod support;
 mod webhook;

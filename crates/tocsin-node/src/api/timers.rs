@@ -166,10 +166,12 @@ impl TimerApi {
 
 type ReserveStream = Pin<Box<dyn Stream<Item = Result<pb::ReserveResponse, Status>> + Send>>;
 
-/// The gRPC address of the leader an error points to, if any.
-fn leader_addr(e: &ApiError) -> Option<String> {
+/// The gRPC address and id of the leader an error points to, if any.
+fn leader_addr(e: &ApiError) -> Option<(String, u64)> {
     match e {
-        ApiError::Unavailable { leader: Some(l), .. } if !l.grpc_addr.is_empty() => Some(l.grpc_addr.clone()),
+        ApiError::Unavailable { leader: Some(l), .. } if !l.grpc_addr.is_empty() => {
+            Some((l.grpc_addr.clone(), l.node_id))
+        }
         _ => None,
     }
 }
@@ -224,7 +226,11 @@ impl TimerApi {
         match local(req.clone()).await {
             Ok(resp) => Ok(Response::new(resp)),
             Err(e) => match (forwarded, leader_addr(&e)) {
-                (false, Some(addr)) => self.forward(&addr, req, None, remote).await.map(Response::new),
+                (false, Some((addr, leader))) => {
+                    let mut resp = self.forward(&addr, req, None, remote).await.map(Response::new)?;
+                    forward::mark_leader(&mut resp, leader);
+                    Ok(resp)
+                }
                 _ => Err(e.into()),
             },
         }
@@ -392,17 +398,24 @@ impl pb::timer_service_server::TimerService for TimerApi {
         let map_epoch = forward::map_epoch(&request);
         let originals = request.into_inner().timers;
         let mut results = self.create_batch(originals.clone(), map_epoch).await?;
+        let mut forwarded_to = None;
         // Items whose shard another node leads go there, one sub-batch per leader.
         if !forwarded {
-            let mut by_leader: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+            let mut by_leader: BTreeMap<(String, u64), Vec<usize>> = BTreeMap::new();
             for (i, r) in results.iter().enumerate() {
                 if let Err(e) = r
-                    && let Some(addr) = leader_addr(e)
+                    && let Some(leader) = leader_addr(e)
                 {
-                    by_leader.entry(addr).or_default().push(i);
+                    by_leader.entry(leader).or_default().push(i);
                 }
             }
-            let calls = by_leader.into_iter().map(|(addr, positions)| {
+            // The shard-aware client sends one shard's items per call: then
+            // one leader answered them all, and the client learns it.
+            let only_leader = match by_leader.keys().collect::<Vec<_>>().as_slice() {
+                [(_, id)] => Some(*id),
+                _ => None,
+            };
+            let calls = by_leader.into_iter().map(|((addr, _), positions)| {
                 let timers: Vec<pb::CreateTimerRequest> = positions.iter().map(|i| originals[*i].clone()).collect();
                 async move {
                     let resp = self
@@ -426,6 +439,7 @@ impl pb::timer_service_server::TimerService for TimerApi {
                     };
                 }
             }
+            forwarded_to = only_leader;
         }
         let results = results
             .into_iter()
@@ -436,7 +450,11 @@ impl pb::timer_service_server::TimerService for TimerApi {
                 }),
             })
             .collect();
-        Ok(Response::new(pb::CreateTimersResponse { results }))
+        let mut resp = Response::new(pb::CreateTimersResponse { results });
+        if let Some(leader) = forwarded_to {
+            forward::mark_leader(&mut resp, leader);
+        }
+        Ok(resp)
     }
 
     async fn get_timer(&self, request: Request<pb::GetTimerRequest>) -> Result<Response<pb::GetTimerResponse>, Status> {
@@ -663,7 +681,7 @@ impl TimerApi {
                     resume
                 }
                 Err(e) => {
-                    let Some(addr) = leader_addr(&e).filter(|_| !forwarded) else { return Err(e) };
+                    let Some((addr, _)) = leader_addr(&e).filter(|_| !forwarded) else { return Err(e) };
                     let sub = pb::ListTimersRequest {
                         page_size: want as u32,
                         page_token: encode_token(shard, after_id.as_deref().unwrap_or("")),
@@ -717,7 +735,7 @@ impl TimerApi {
         for shard in shards {
             let ctx = self.node.shard(shard)?;
             if let Err(e) = self.read_leader(&ctx).await {
-                let Some(addr) = leader_addr(&e).filter(|_| !forwarded) else { return Err(e) };
+                let Some((addr, _)) = leader_addr(&e).filter(|_| !forwarded) else { return Err(e) };
                 let req = pb::GetHorizonRequest { namespace: namespace.to_string() };
                 let h = self
                     .forward(&addr, req, Some(shard), |mut c, r| async move { c.get_horizon(r).await })
