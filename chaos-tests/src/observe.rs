@@ -8,6 +8,9 @@ use anyhow::Context;
 use anyhow::bail;
 
 fn http() -> reqwest::Client {
+    // reqwest is built without a TLS provider (see the workspace manifest);
+    // install ring's before the first client. Err: one is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
     reqwest::Client::builder().timeout(Duration::from_secs(5)).build().expect("an HTTP client")
 }
 

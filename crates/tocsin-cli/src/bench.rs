@@ -533,7 +533,7 @@ impl Child {
     }
 
     async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
-        let client = reqwest::Client::builder().timeout(Duration::from_millis(500)).build()?;
+        let client = tocsin_node::delivery::http_client_builder().timeout(Duration::from_millis(500)).build()?;
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait()? {

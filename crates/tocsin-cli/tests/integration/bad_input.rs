@@ -112,7 +112,7 @@ async fn every_rule_answers_the_right_code() {
     let dir = tempfile::tempdir().unwrap();
     let node = NodeProcess::start(dir.path(), &[]);
     let mut grpc = TimerServiceClient::connect(format!("http://{}", node.grpc)).await.unwrap();
-    let http = reqwest::Client::new();
+    let http = tocsin_node::delivery::http_client_builder().build().unwrap();
     let base = format!("http://{}", node.http);
 
     // Phase: each bad create, both ways.
@@ -300,7 +300,9 @@ async fn rate_limit_and_disk_watermark_refuse_creates() {
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::ResourceExhausted);
     assert!(err.message().contains("free disk"), "{}", err.message());
-    let resp = reqwest::Client::new()
+    let resp = tocsin_node::delivery::http_client_builder()
+        .build()
+        .unwrap()
         .post(format!("http://{}/v1/timers", node.http))
         .body(r#"{"namespace":"full","id":"f-2","delay_ms":60000,"callback":{"pull":{"topic":"t"}}}"#)
         .send()

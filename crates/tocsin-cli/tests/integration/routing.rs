@@ -13,7 +13,16 @@ use crate::support::free_ports;
 
 /// `tocsin_forwarded_requests_total` of the node whose HTTP API is `http`.
 async fn forwarded(http: &str) -> u64 {
-    let body = reqwest::get(format!("http://{http}/metrics")).await.unwrap().text().await.unwrap();
+    let body = tocsin_node::delivery::http_client_builder()
+        .build()
+        .unwrap()
+        .get(format!("http://{http}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
     body.lines()
         .find_map(|l| l.strip_prefix("tocsin_forwarded_requests_total ")?.trim().parse::<f64>().ok())
         .map_or(0, |v| v as u64)

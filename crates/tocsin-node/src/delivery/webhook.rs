@@ -78,7 +78,7 @@ pub struct WebhookSender {
 
 impl WebhookSender {
     pub fn new(config: DeliveryConfig, secrets: HashMap<String, Vec<u8>>) -> Result<WebhookSender, reqwest::Error> {
-        let client = reqwest::Client::builder()
+        let client = super::http_client_builder()
             .timeout(Duration::from_millis(config.webhook_timeout_ms))
             .connect_timeout(Duration::from_millis(config.webhook_timeout_ms.min(5_000)))
             .pool_max_idle_per_host(config.per_endpoint_concurrency)
