@@ -389,6 +389,18 @@ fn change_map(map: &ClusterMap, change: &MapChange, now_ms: u64) -> Result<Optio
         if target.len() != replicas.len() {
             return Err(MapError::BadPlacement { shard: *shard, message: format!("{replicas:?} names a node twice") });
         }
+        // More copies than the replication factor are never a target: a
+        // later drain plans for the factor and would leave the extra copy.
+        if target.len() > map.replication_factor as usize {
+            return Err(MapError::BadPlacement {
+                shard: *shard,
+                message: format!(
+                    "{replicas:?} names {} nodes, more than the replication factor of {}",
+                    target.len(),
+                    map.replication_factor
+                ),
+            });
+        }
         if slot.replicas != target {
             slot.replicas = target;
             slot.epoch = epoch;
@@ -683,6 +695,15 @@ mod tests {
         let out =
             change(&mut map, MapChange { expected_epoch: 1, placements: vec![(9, vec![1])], ..Default::default() });
         assert!(matches!(out, ClusterOutcome::Refused { error: MapError::BadPlacement { shard: 9, .. }, .. }));
+        // Or on more nodes than the replication factor (found by the cluster
+        // model: a drain planned for the factor left the extra copy).
+        let too_many: Vec<NodeId> = (1..=map.replication_factor as u64 + 1).collect();
+        let out =
+            change(&mut map, MapChange { expected_epoch: 1, placements: vec![(0, too_many)], ..Default::default() });
+        assert!(
+            matches!(out, ClusterOutcome::Refused { error: MapError::BadPlacement { shard: 0, .. }, .. }),
+            "{out:?}"
+        );
         assert_eq!(map.epoch, 1);
     }
 
