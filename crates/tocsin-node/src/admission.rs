@@ -8,7 +8,9 @@
 //! election timeout its followers start elections, and every shard pays a
 //! new term on top of the overload (measured: an election storm, tens of
 //! seconds late). The lag of a task that only sleeps 20 ms and looks at the
-//! clock is the earliest sign (`runtime::probe_lag`, on the work runtime); while its moving average is over
+//! clock is the earliest sign (`runtime::probe_lag`, on the work runtime and
+//! on the fire runtime, where fire loops and deliveries run); while the
+//! larger moving average is over
 //! `shed_creates_lag_ms`, creates are refused with a retry hint, so that
 //! what was accepted keeps its time.
 
@@ -36,6 +38,9 @@ pub struct Admission {
     free_bytes: Arc<AtomicU64>,
     /// Moving average of the lag probe's wake-up lateness, in microseconds.
     lag_us: Arc<AtomicU64>,
+    /// The fire runtime's (`runtime.rs`): a node whose fire loops and
+    /// deliveries run late takes no more creates either.
+    fire_lag_us: std::sync::OnceLock<Arc<AtomicU64>>,
 }
 
 impl Admission {
@@ -47,6 +52,7 @@ impl Admission {
             disk_low: Arc::new(AtomicBool::new(false)),
             free_bytes: Arc::new(AtomicU64::new(u64::MAX)),
             lag_us: Arc::new(AtomicU64::new(0)),
+            fire_lag_us: std::sync::OnceLock::new(),
         });
         tokio::spawn(crate::runtime::probe_lag(admission.lag_us.clone(), "tocsin_scheduling_lag_seconds"));
         let weak = Arc::downgrade(&admission);
@@ -92,9 +98,18 @@ impl Admission {
         self.free_bytes.load(Ordering::Relaxed)
     }
 
-    /// The node's scheduling lag (moving average; see the module doc).
+    /// Counts the fire runtime's lag (its probe's moving average) in the
+    /// node's scheduling lag from now on.
+    pub fn watch_fire_lag(&self, fire_lag_us: Arc<AtomicU64>) {
+        let _ = self.fire_lag_us.set(fire_lag_us);
+    }
+
+    /// The node's scheduling lag (moving average; see the module doc): the
+    /// larger of the work runtime's and the fire runtime's.
     pub fn scheduling_lag(&self) -> Duration {
-        Duration::from_micros(self.lag_us.load(Ordering::Relaxed))
+        let work = self.lag_us.load(Ordering::Relaxed);
+        let fire = self.fire_lag_us.get().map_or(0, |l| l.load(Ordering::Relaxed));
+        Duration::from_micros(work.max(fire))
     }
 
     /// Admits `count` creates in `namespace`, or says why not.

@@ -51,7 +51,7 @@ use crate::raft::NetworkFactory;
 use crate::raft::Router;
 use crate::raft::TransportService;
 use crate::raft::openraft_config;
-use crate::runtime::RaftRuntime;
+use crate::runtime::SideRuntime;
 use crate::shard::ShardCtx;
 
 /// Replica moves a node runs at once as a shard leader: each streams a
@@ -71,7 +71,7 @@ pub enum StartError {
     Config(#[from] crate::config::ConfigError),
     #[error("building the webhook client: {0}")]
     Webhook(String),
-    #[error("starting the Raft runtime: {0}")]
+    #[error("starting a runtime (Raft or fire): {0}")]
     Runtime(std::io::Error),
 }
 
@@ -91,6 +91,9 @@ pub struct NodeState {
     /// Where Raft's tasks run (`runtime.rs`); the runtime itself is the
     /// [`Node`]'s.
     raft_runtime: tokio::runtime::Handle,
+    /// Where each shard's proposer, leader supervisor, fire loop and
+    /// deliveries run (`runtime.rs`).
+    fire_runtime: tokio::runtime::Handle,
     /// Serializes hosting and releasing shards, and so the hosted-set
     /// writes.
     hosting: tokio::sync::Mutex<()>,
@@ -265,6 +268,7 @@ impl NodeState {
                 timeout: Duration::from_millis(self.config.admission.request_timeout_ms),
                 shed_creates_after: Duration::from_millis(self.config.admission.shed_creates_after_ms),
             },
+            &self.fire_runtime,
         );
         let ctx = Arc::new(ShardCtx::new(
             shard,
@@ -284,7 +288,9 @@ impl NodeState {
         let pull = dispatcher.pull.clone();
         let mut leadership = ctx.watch_leadership();
         let supervised = ctx.clone();
-        tokio::spawn(async move {
+        // On the fire runtime: the supervisor spawns the fire loop, which
+        // spawns the deliveries, each on the runtime it runs on.
+        self.fire_runtime.spawn(async move {
             // Forget pull state of shards we stop leading.
             tokio::spawn(async move {
                 while leadership.changed().await.is_ok() {
@@ -447,7 +453,9 @@ pub struct Node {
     servers: Vec<JoinHandle<()>>,
     supervisors: Vec<JoinHandle<()>>,
     /// Dropped last: every group's core runs on it.
-    raft_runtime: RaftRuntime,
+    raft_runtime: SideRuntime,
+    /// Dropped before the Raft runtime: proposers, fire loops, deliveries.
+    fire_runtime: SideRuntime,
 }
 
 impl Node {
@@ -522,7 +530,9 @@ impl Node {
             ),
         };
         let clock = Clock::system(config.max_clock_offset_ms);
-        let raft_runtime = RaftRuntime::start().map_err(StartError::Runtime)?;
+        let raft_runtime = SideRuntime::start_raft().map_err(StartError::Runtime)?;
+        let fire_runtime = SideRuntime::start_fire().map_err(StartError::Runtime)?;
+        admission.watch_fire_lag(fire_runtime.lag_us());
         let router = Router::new(
             node_id,
             Duration::from_millis(config.raft.rpc_timeout_ms),
@@ -546,6 +556,7 @@ impl Node {
             router,
             raft_config: openraft_config(&config.raft),
             raft_runtime: raft_runtime.handle().clone(),
+            fire_runtime: fire_runtime.handle().clone(),
             hosting: tokio::sync::Mutex::new(()),
             dispatcher: dispatcher.clone(),
             admission,
@@ -629,7 +640,7 @@ impl Node {
             tokio::spawn(crate::balance::watch_health(state.clone())),
         ];
         tracing::info!(node_id, %grpc_addr, %http_addr, shards = config.num_shards, hosted = hosted.len(), metadata = host_meta, data = %config.data_dir.display(), "node started");
-        Ok(Node { state, grpc_addr, http_addr, shutdown, servers, supervisors, raft_runtime })
+        Ok(Node { state, grpc_addr, http_addr, shutdown, servers, supervisors, raft_runtime, fire_runtime })
     }
 
     /// Waits until every hosted shard has a leader, or the timeout passes.
@@ -672,6 +683,7 @@ impl Node {
         let store = self.state.store.clone();
         let _ = tokio::task::spawn_blocking(move || store.db().cancel_all_background_work(true)).await;
         // Last: every group's core ran on it, and all are shut down now.
+        drop(self.fire_runtime);
         drop(self.raft_runtime);
     }
 }

@@ -151,12 +151,19 @@ pub struct ProposerLimits {
 }
 
 impl Proposer {
-    /// Starts the proposer task for `raft`.
-    pub fn start(raft: Raft, node_id: u64, clock: Arc<Clock>, limits: ProposerLimits) -> Proposer {
+    /// Starts the proposer task for `raft` on `runtime` (the fire runtime:
+    /// `runtime.rs`).
+    pub fn start(
+        raft: Raft,
+        node_id: u64,
+        clock: Arc<Clock>,
+        limits: ProposerLimits,
+        runtime: &tokio::runtime::Handle,
+    ) -> Proposer {
         LazyLock::force(&BASE);
         let (tx, rx) = mpsc::channel(limits.queue.max(1));
         let backlog = Arc::new(Backlog::default());
-        tokio::spawn(run(raft.clone(), clock, rx, limits.timeout, backlog.clone()));
+        runtime.spawn(run(raft.clone(), clock, rx, limits.timeout, backlog.clone()));
         Proposer { tx, timeout: limits.timeout, shed_after: limits.shed_creates_after, backlog, raft, node_id }
     }
 

@@ -1,5 +1,5 @@
-//! Raft gets a tokio runtime of its own, so that no backlog of client work
-//! can delay a heartbeat.
+//! Raft and the shards' fire paths get tokio runtimes of their own, so that
+//! no backlog of client work can delay a heartbeat or a fire.
 //!
 //! Why: on a node offered more than its CPU can run, every task waits its
 //! turn in the scheduler's queue. Heartbeats and appends queued behind
@@ -9,14 +9,24 @@
 //! 20 s of overload), and each new term cost a wheel rebuild and repeated
 //! deliveries: more load.
 //!
-//! So the node runs two runtimes:
-//! - the **Raft runtime** ([`RaftRuntime`], a few worker threads): every
+//! The same held for fires: offered 10,000 timers/s, three nodes spent
+//! their CPU on create handlers (most of them shed) while the fire loops,
+//! proposers and webhook calls waited behind them in one queue: the timers
+//! that were accepted fired seconds late.
+//!
+//! So the node runs three runtimes ([`SideRuntime`] for the first two):
+//! - the **Raft runtime** (a few worker threads, `tocsin-raft`): every
 //!   group's openraft core and its replication, heartbeat and state-machine
 //!   tasks, and both ends of the Raft links (`link.rs`). Its queue holds
 //!   only Raft work, so its tasks run within the OS's scheduling latency
 //!   (milliseconds) however busy the node is;
+//! - the **fire runtime** (`tocsin-fire`): each shard's proposer, leader
+//!   supervisor and fire loop, and webhook delivery. Creates reach it only
+//!   through a proposer's bounded queue, and are shed at the door when that
+//!   queue waits (`admission.rs`), so the work of timers already accepted
+//!   is never behind a crowd of new ones;
 //! - the **work runtime** (the process's main one): the gRPC and HTTP
-//!   servers, request handlers, proposers, fire loops and delivery.
+//!   servers and request handlers, the control plane.
 //!
 //! One port serves both: the accept loop (`link::split_incoming`) moves a
 //! Raft link's connection to the Raft runtime and keeps every gRPC
@@ -33,36 +43,46 @@ use std::time::Instant;
 
 use tokio::runtime::Handle;
 
-/// Worker threads of the Raft runtime at most: one group's core runs on one
-/// thread at a time, and the runtime holds only Raft work.
-const RAFT_WORKER_THREADS_MAX: usize = 2;
+/// Worker threads of a side runtime at most: one group's core (or fire
+/// loop) runs on one thread at a time, and the runtime holds only its work.
+const SIDE_WORKER_THREADS_MAX: usize = 2;
 
 /// How often a lag probe wakes.
 pub const LAG_PROBE_EVERY: Duration = Duration::from_millis(20);
 
-/// The Raft runtime. Dropping it stops its tasks without waiting for them
-/// (openraft's cores are shut down before, by `Node::shutdown`).
-pub struct RaftRuntime {
+/// A runtime beside the work runtime (Raft's, the fire path's). Dropping it
+/// stops its tasks without waiting for them (openraft's cores are shut
+/// down before, by `Node::shutdown`).
+pub struct SideRuntime {
     runtime: Option<tokio::runtime::Runtime>,
     handle: Handle,
     /// The runtime's lag probe's moving average, in microseconds (also the
-    /// gauge `tocsin_raft_scheduling_lag_seconds`).
+    /// runtime's gauge, `tocsin_{name}_scheduling_lag_seconds`).
     lag_us: Arc<AtomicU64>,
 }
 
-impl RaftRuntime {
-    /// Starts the runtime's worker threads (`tocsin-raft`).
-    pub fn start() -> std::io::Result<RaftRuntime> {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(RAFT_WORKER_THREADS_MAX);
+impl SideRuntime {
+    /// Starts the Raft runtime (threads `tocsin-raft`).
+    pub fn start_raft() -> std::io::Result<SideRuntime> {
+        SideRuntime::start("tocsin-raft", "tocsin_raft_scheduling_lag_seconds")
+    }
+
+    /// Starts the fire runtime (threads `tocsin-fire`).
+    pub fn start_fire() -> std::io::Result<SideRuntime> {
+        SideRuntime::start("tocsin-fire", "tocsin_fire_scheduling_lag_seconds")
+    }
+
+    fn start(thread_name: &str, gauge: &'static str) -> std::io::Result<SideRuntime> {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(SIDE_WORKER_THREADS_MAX);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
-            .thread_name("tocsin-raft")
+            .thread_name(thread_name)
             .enable_all()
             .build()?;
         let handle = runtime.handle().clone();
         let lag_us = Arc::new(AtomicU64::new(0));
-        handle.spawn(probe_lag(lag_us.clone(), "tocsin_raft_scheduling_lag_seconds"));
-        Ok(RaftRuntime { runtime: Some(runtime), handle, lag_us })
+        handle.spawn(probe_lag(lag_us.clone(), gauge));
+        Ok(SideRuntime { runtime: Some(runtime), handle, lag_us })
     }
 
     /// How late the runtime's tasks run (moving average).
@@ -70,13 +90,18 @@ impl RaftRuntime {
         Duration::from_micros(self.lag_us.load(Ordering::Relaxed))
     }
 
-    /// Where Raft's tasks are spawned.
+    /// The lag probe's moving average, in microseconds, as it updates.
+    pub fn lag_us(&self) -> Arc<AtomicU64> {
+        self.lag_us.clone()
+    }
+
+    /// Where the runtime's tasks are spawned.
     pub fn handle(&self) -> &Handle {
         &self.handle
     }
 }
 
-impl Drop for RaftRuntime {
+impl Drop for SideRuntime {
     fn drop(&mut self) {
         // Dropping a runtime blocks on its tasks, which panics inside an
         // async context (where a node is usually dropped).
