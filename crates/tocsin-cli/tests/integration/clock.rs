@@ -13,7 +13,6 @@ use tocsin_client::v1 as pb;
 
 use crate::support::NodeProcess;
 use crate::support::Receiver;
-use crate::support::free_ports;
 use crate::support::now_ms;
 use crate::support::percentiles;
 
@@ -38,30 +37,13 @@ async fn wait_until_leads_none(client: &Client, node: u64, timeout: Duration) ->
 async fn a_jumping_clock_fires_nothing_early_and_holds_nothing_back() {
     let dir = tempfile::tempdir().unwrap();
     let receiver = Receiver::start().await;
-    let ports = free_ports(6);
-    let addr = |i: usize| format!("127.0.0.1:{}", ports[i]);
-    let cluster: Vec<String> = (0..3).map(|i| format!("{}={}/{}", i + 1, addr(2 * i), addr(2 * i + 1))).collect();
-    let cluster = cluster.join(",");
     let offsets: Vec<std::path::PathBuf> = (1..=3).map(|i| dir.path().join(format!("clock-offset-{i}"))).collect();
     for f in &offsets {
         std::fs::write(f, "0").unwrap();
     }
-    let mut nodes: Vec<NodeProcess> = (0..3)
-        .map(|i| {
-            let file = offsets[i].display().to_string();
-            NodeProcess::start_member(
-                dir.path(),
-                i as u64 + 1,
-                &addr(2 * i),
-                &addr(2 * i + 1),
-                &["--initial-cluster", &cluster],
-                &[("TOCSIN_TEST_CLOCK_OFFSET_FILE", &file)],
-            )
-        })
-        .collect();
-    for n in &mut nodes {
-        n.wait_ready();
-    }
+    let nodes = NodeProcess::start_three(dir.path(), |i| {
+        vec![("TOCSIN_TEST_CLOCK_OFFSET_FILE".into(), offsets[i].display().to_string())]
+    });
     let options = ClientOptions { request_timeout: Duration::from_secs(2), max_attempts: 30, ..Default::default() };
     let client = Client::with_options(nodes.iter().map(|n| n.grpc.clone()), options).await.unwrap();
     // Let the peers measure each other.

@@ -14,7 +14,6 @@ use tocsin_client::v1 as pb;
 
 use crate::support::NodeProcess;
 use crate::support::Receiver;
-use crate::support::free_ports;
 use crate::support::now_ms;
 use crate::support::percentiles;
 
@@ -205,26 +204,9 @@ async fn a_release_with_a_false_premise_deletes_nothing() {
 async fn a_lossy_raft_link_loses_nothing() {
     let dir = tempfile::tempdir().unwrap();
     let receiver = Receiver::start().await;
-    let ports = free_ports(6);
-    let addr = |i: usize| format!("127.0.0.1:{}", ports[i]);
-    let cluster: Vec<String> = (0..3).map(|i| format!("{}={}/{}", i + 1, addr(2 * i), addr(2 * i + 1))).collect();
-    let cluster = cluster.join(",");
-    let mut nodes: Vec<NodeProcess> = (0..3)
-        .map(|i| {
-            let env: &[(&str, &str)] = if i == 0 { &[("FAILPOINTS", "raft::to::2=50%return(drop)")] } else { &[] };
-            NodeProcess::start_member(
-                dir.path(),
-                i as u64 + 1,
-                &addr(2 * i),
-                &addr(2 * i + 1),
-                &["--initial-cluster", &cluster],
-                env,
-            )
-        })
-        .collect();
-    for n in &mut nodes {
-        n.wait_ready();
-    }
+    let nodes = NodeProcess::start_three(dir.path(), |i| {
+        if i == 0 { vec![("FAILPOINTS".into(), "raft::to::2=50%return(drop)".into())] } else { Vec::new() }
+    });
     let client = Client::with_options(nodes.iter().map(|n| n.grpc.clone()), retrying_client_options()).await.unwrap();
     let want = create(&client, "lossy", 300, 1_500, 3_000, &receiver.url).await;
     let (missing, lateness) = wait_delivered(&receiver, &want, Duration::from_secs(30)).await;

@@ -9,7 +9,6 @@ use tocsin_client::Client;
 use tocsin_client::ClientOptions;
 
 use crate::support::NodeProcess;
-use crate::support::free_ports;
 
 /// `tocsin_forwarded_requests_total` of the node whose HTTP API is `http`.
 async fn forwarded(http: &str) -> u64 {
@@ -31,25 +30,7 @@ async fn forwarded(http: &str) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_forwarded_request_teaches_the_client_the_leader() {
     let dir = tempfile::tempdir().unwrap();
-    let ports = free_ports(6);
-    let addr = |i: usize| format!("127.0.0.1:{}", ports[i]);
-    let cluster: Vec<String> = (0..3).map(|i| format!("{}={}/{}", i + 1, addr(2 * i), addr(2 * i + 1))).collect();
-    let cluster = cluster.join(",");
-    let mut nodes: Vec<NodeProcess> = (0..3)
-        .map(|i| {
-            NodeProcess::start_member(
-                dir.path(),
-                i as u64 + 1,
-                &addr(2 * i),
-                &addr(2 * i + 1),
-                &["--initial-cluster", &cluster],
-                &[],
-            )
-        })
-        .collect();
-    for n in &mut nodes {
-        n.wait_ready();
-    }
+    let nodes = NodeProcess::start_three(dir.path(), |_| Vec::new());
     let seeds: Vec<String> = nodes.iter().map(|n| n.grpc.clone()).collect();
     let options = ClientOptions { request_timeout: Duration::from_secs(2), max_attempts: 30, ..Default::default() };
     let client = Client::with_options(seeds.clone(), options.clone()).await.unwrap();

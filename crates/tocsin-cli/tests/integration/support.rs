@@ -55,6 +55,33 @@ impl NodeProcess {
         node
     }
 
+    /// Starts a three-node cluster on free loopback ports, node `i + 1`
+    /// with `env(i)` as extra settings, and waits until every node is ready.
+    pub fn start_three(dir: &std::path::Path, env: impl Fn(usize) -> Vec<(String, String)>) -> Vec<NodeProcess> {
+        let ports = free_ports(6);
+        let addr = |i: usize| format!("127.0.0.1:{}", ports[i]);
+        let cluster: Vec<String> = (0..3).map(|i| format!("{}={}/{}", i + 1, addr(2 * i), addr(2 * i + 1))).collect();
+        let cluster = cluster.join(",");
+        let mut nodes: Vec<NodeProcess> = (0..3)
+            .map(|i| {
+                let env = env(i);
+                let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+                NodeProcess::start_member(
+                    dir,
+                    i as u64 + 1,
+                    &addr(2 * i),
+                    &addr(2 * i + 1),
+                    &["--initial-cluster", &cluster],
+                    &env,
+                )
+            })
+            .collect();
+        for n in &mut nodes {
+            n.wait_ready();
+        }
+        nodes
+    }
+
     /// Starts node `node_id` of a cluster on `grpc`/`http` with extra
     /// `serve` arguments, without waiting for it to be ready (its peers may
     /// not be up yet).
