@@ -312,22 +312,22 @@ impl Router {
     }
 
     fn link(&self, target: u64) -> Result<Arc<LinkClient>, Unreachable<C>> {
-        self.inner
-            .peers
-            .read()
-            .expect("router lock")
-            .get(&target)
-            .map(|peer| peer.link.clone())
-            .ok_or_else(|| Unreachable::from_string(format!("no address known for node {target}")))
+        self.peer(target, |peer| peer.link.clone())
     }
 
     fn snapshots(&self, target: u64) -> Result<RaftTransportClient<Channel>, Unreachable<C>> {
+        self.peer(target, |peer| peer.snapshots.clone())
+    }
+
+    /// `take` of `target`'s connections, or Unreachable if its address is
+    /// unknown.
+    fn peer<T>(&self, target: u64, take: impl FnOnce(&Peer) -> T) -> Result<T, Unreachable<C>> {
         self.inner
             .peers
             .read()
             .expect("router lock")
             .get(&target)
-            .map(|peer| peer.snapshots.clone())
+            .map(take)
             .ok_or_else(|| Unreachable::from_string(format!("no address known for node {target}")))
     }
 
