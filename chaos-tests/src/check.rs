@@ -38,13 +38,15 @@ use std::path::PathBuf;
 use serde::Deserialize;
 use serde::Serialize;
 
+use tocsin_contract::Verdict;
+
 use crate::driver::Op;
 
 /// One line of `tocsin sink`'s output (the pull consumer writes the same).
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Delivery {
     pub recv_ms: u64,
-    pub verdict: String,
+    pub verdict: Verdict,
     pub id: String,
     pub shard: u32,
     pub epoch: u64,
@@ -72,9 +74,21 @@ pub fn read_ops(path: &Path) -> anyhow::Result<Vec<Op>> {
     read_lines(path)
 }
 
+/// Every line of an NDJSON file. A line that does not parse is an error
+/// (a renamed verdict or field must fail the check, not count as zero),
+/// except the last one, which a writer killed mid-line may have cut short.
 fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> anyhow::Result<Vec<T>> {
     let text = std::fs::read_to_string(path)?;
-    Ok(text.lines().filter(|l| !l.trim().is_empty()).filter_map(|l| serde_json::from_str(l).ok()).collect())
+    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
+    let mut out = Vec::with_capacity(lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        match serde_json::from_str(line) {
+            Ok(v) => out.push(v),
+            Err(_) if i + 1 == lines.len() && !text.ends_with('\n') => {}
+            Err(e) => anyhow::bail!("{}: line {}: {e}: {line}", path.display(), i + 1),
+        }
+    }
+    Ok(out)
 }
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -239,8 +253,8 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
     for deliveries in &files {
         let mut max_epoch: BTreeMap<u32, u64> = BTreeMap::new();
         for d in deliveries {
-            match d.verdict.as_str() {
-                "accepted" => {
+            match d.verdict {
+                Verdict::Accepted => {
                     let max = max_epoch.entry(d.shard).or_insert(0);
                     if d.epoch < *max {
                         report.accepted_stale += 1;
@@ -255,9 +269,16 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
                         report.early += 1;
                     }
                 }
-                "duplicate" => report.duplicates += 1,
-                "rejected_stale" => report.rejected_stale += 1,
-                _ => {}
+                Verdict::Duplicate => report.duplicates += 1,
+                Verdict::RejectedStale => report.rejected_stale += 1,
+                Verdict::RejectedSig
+                | Verdict::BadBody
+                | Verdict::Refused
+                | Verdict::Slow
+                | Verdict::Abandoned
+                | Verdict::AckStale
+                | Verdict::AckNotFound
+                | Verdict::AckFailed => {}
             }
         }
         report.epoch_order_violations += epoch_order_violations(deliveries);
@@ -292,7 +313,7 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
                 {
                     let in_flight = deliveries
                         .iter()
-                        .filter(|x| x.id == *id && x.verdict == "accepted")
+                        .filter(|x| x.id == *id && x.verdict == Verdict::Accepted)
                         .all(|x| x.attempt_index != 0 && x.attempt_index < c.applied_index);
                     if in_flight {
                         report.cancelled_in_flight_excused += 1;
@@ -345,7 +366,7 @@ mod tests {
     fn d(shard: u32, epoch: u64, attempt_index: u64) -> Delivery {
         Delivery {
             recv_ms: 0,
-            verdict: "accepted".into(),
+            verdict: Verdict::Accepted,
             id: String::new(),
             shard,
             epoch,

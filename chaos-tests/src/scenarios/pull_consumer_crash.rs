@@ -21,6 +21,7 @@ use std::time::Instant;
 use futures::future::BoxFuture;
 use tocsin_client::Client;
 use tocsin_client::v1 as pb;
+use tocsin_contract::Verdict;
 
 use crate::check;
 use crate::check::Delivery;
@@ -92,7 +93,7 @@ impl Scenario for PullConsumerCrash {
                     let recv_ms = now_ms();
                     for d in &batch.deliveries {
                         abandoned += 1;
-                        write_line(&mut out, recv_ms, "abandoned", d)?;
+                        write_line(&mut out, recv_ms, Verdict::Abandoned, d)?;
                     }
                 }
             }
@@ -121,7 +122,7 @@ impl Scenario for PullConsumerCrash {
                 .collect();
             let got = check::read_deliveries(&run.dir.join("pull-deliveries.ndjson"))?;
             let mut first: HashMap<&str, u64> = HashMap::new();
-            for d in got.iter().filter(|d| d.verdict == "accepted") {
+            for d in got.iter().filter(|d| d.verdict == Verdict::Accepted) {
                 first.entry(d.id.as_str()).or_insert(d.recv_ms);
             }
             let stranded = due.keys().filter(|id| !first.contains_key(*id)).count();
@@ -150,7 +151,7 @@ impl Scenario for PullConsumerCrash {
                 // Where the stranded ones are: did a dying consumer ever see
                 // them, and what state does the cluster hold for them?
                 let abandoned: std::collections::HashSet<&str> =
-                    got.iter().filter(|d| d.verdict == "abandoned").map(|d| d.id.as_str()).collect();
+                    got.iter().filter(|d| d.verdict == Verdict::Abandoned).map(|d| d.id.as_str()).collect();
                 let lost: Vec<&str> = due.keys().filter(|id| !first.contains_key(*id)).copied().collect();
                 let seen = lost.iter().filter(|id| abandoned.contains(*id)).count();
                 println!(
@@ -180,10 +181,10 @@ impl Scenario for PullConsumerCrash {
     }
 }
 
-fn write_line(out: &mut impl Write, recv_ms: u64, verdict: &str, d: &pb::Delivery) -> anyhow::Result<()> {
+fn write_line(out: &mut impl Write, recv_ms: u64, verdict: Verdict, d: &pb::Delivery) -> anyhow::Result<()> {
     let line = Delivery {
         recv_ms,
-        verdict: verdict.into(),
+        verdict,
         id: d.id.clone(),
         shard: d.shard,
         epoch: d.epoch,
@@ -200,12 +201,12 @@ fn write_line(out: &mut impl Write, recv_ms: u64, verdict: &str, d: &pb::Deliver
 
 /// Records a settled batch; counts what was acked.
 fn settle(
-    (recv_ms, batch, verdicts): (u64, Vec<pb::Delivery>, Vec<&'static str>),
+    (recv_ms, batch, verdicts): (u64, Vec<pb::Delivery>, Vec<Verdict>),
     out: &mut impl Write,
     acked: &mut std::collections::HashSet<String>,
 ) -> anyhow::Result<()> {
     for (d, verdict) in batch.iter().zip(verdicts) {
-        if verdict == "accepted" {
+        if verdict == Verdict::Accepted {
             acked.insert(d.id.clone());
         }
         write_line(out, recv_ms, verdict, d)?;
@@ -241,7 +242,7 @@ async fn good_consumer(client: &Client, out: &mut impl Write, expected: usize) -
                 to_ack.push(d);
             }
         }
-        let verdicts = vec!["rejected_stale"; stale.len()];
+        let verdicts = vec![Verdict::RejectedStale; stale.len()];
         settle((recv_ms, stale, verdicts), &mut *out, &mut acked)?;
         let client = client.clone();
         acks.spawn(async move {
@@ -254,16 +255,16 @@ async fn good_consumer(client: &Client, out: &mut impl Write, expected: usize) -
                     attempt: d.attempt,
                 })
                 .collect();
-            let verdicts: Vec<&'static str> = match client.ack(refs).await {
+            let verdicts: Vec<Verdict> = match client.ack(refs).await {
                 Ok(results) => results
                     .iter()
                     .map(|r| match pb::ack_result::Status::try_from(r.status) {
-                        Ok(pb::ack_result::Status::Ok) => "accepted",
-                        Ok(pb::ack_result::Status::Stale) => "ack_stale",
-                        _ => "ack_not_found",
+                        Ok(pb::ack_result::Status::Ok) => Verdict::Accepted,
+                        Ok(pb::ack_result::Status::Stale) => Verdict::AckStale,
+                        _ => Verdict::AckNotFound,
                     })
                     .collect(),
-                Err(_) => vec!["ack_failed"; to_ack.len()],
+                Err(_) => vec![Verdict::AckFailed; to_ack.len()],
             };
             (recv_ms, to_ack, verdicts)
         });

@@ -125,7 +125,9 @@ impl Scenario for ReceiverDown {
             println!("    chaos tenant (receiver down): lateness {}", first.lateness);
             let deliveries = check::read_deliveries(&run.deliveries[0])?;
             let mut first_arrival: std::collections::HashMap<&str, (u64, u32)> = Default::default();
-            for d in deliveries.iter().filter(|d| d.verdict == "accepted" && d.id.starts_with("s-")) {
+            for d in
+                deliveries.iter().filter(|d| d.verdict == tocsin_contract::Verdict::Accepted && d.id.starts_with("s-"))
+            {
                 first_arrival.entry(d.id.as_str()).or_insert((d.recv_ms, d.attempt));
             }
             let ops = check::read_ops(&run.ops)?;

@@ -153,7 +153,7 @@ impl Scenario for ReceiverFailing {
             // Every request the sink saw, per timer, in arrival order.
             let mut seen: BTreeMap<String, Vec<check::Delivery>> = BTreeMap::new();
             for d in check::read_deliveries(&run.deliveries[0])? {
-                if d.id.starts_with('f') && d.verdict != "duplicate" {
+                if d.id.starts_with('f') && d.verdict != tocsin_contract::Verdict::Duplicate {
                     seen.entry(d.id.clone()).or_default().push(d);
                 }
             }
@@ -164,7 +164,7 @@ impl Scenario for ReceiverFailing {
             for (tag, retry_after_ms) in [("f429", 2_000u64), ("f503", 3_000)] {
                 let mut gaps = Vec::new();
                 for arrivals in of(tag) {
-                    for pair in arrivals.windows(2).filter(|p| p[0].verdict == "refused") {
+                    for pair in arrivals.windows(2).filter(|p| p[0].verdict == tocsin_contract::Verdict::Refused) {
                         gaps.push(pair[1].recv_ms.saturating_sub(pair[0].recv_ms));
                     }
                 }
@@ -210,7 +210,8 @@ impl Scenario for ReceiverFailing {
             let mut shrinking = 0;
             let mut by_attempt: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
             for arrivals in of("f500") {
-                let refused: Vec<&check::Delivery> = arrivals.iter().filter(|d| d.verdict == "refused").collect();
+                let refused: Vec<&check::Delivery> =
+                    arrivals.iter().filter(|d| d.verdict == tocsin_contract::Verdict::Refused).collect();
                 let gaps: Vec<u64> = refused.windows(2).map(|p| p[1].recv_ms.saturating_sub(p[0].recv_ms)).collect();
                 for (i, g) in gaps.iter().enumerate() {
                     by_attempt.entry(i as u32 + 1).or_default().push(*g);
@@ -235,8 +236,10 @@ impl Scenario for ReceiverFailing {
             let mut too_soon = 0;
             let mut attempts = Vec::new();
             for arrivals in of("fslow") {
-                let slow: Vec<&check::Delivery> =
-                    arrivals.iter().filter(|d| d.verdict == "slow" && d.recv_ms < recovered_ms).collect();
+                let slow: Vec<&check::Delivery> = arrivals
+                    .iter()
+                    .filter(|d| d.verdict == tocsin_contract::Verdict::Slow && d.recv_ms < recovered_ms)
+                    .collect();
                 attempts.push(slow.len() as u64);
                 if slow.len() < 2 {
                     once += 1;

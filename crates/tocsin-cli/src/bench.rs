@@ -24,9 +24,13 @@ use indicatif::ProgressBar;
 use indicatif::ProgressStyle;
 use tocsin_client::Client;
 use tocsin_client::v1 as pb;
-use tocsin_node::clock::system_now_ms as now_ms;
 
 use crate::sink;
+
+/// Unix milliseconds by the host's clock: the load generator's reference.
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
+}
 
 #[derive(clap::Args, Clone)]
 pub struct Common {
@@ -289,7 +293,7 @@ async fn fire(
     let tap: Box<dyn Fn(&sink::Received) + Send> = Box::new(move |r| {
         let mut s = tap_stats.lock().expect("stats lock");
         match r.verdict {
-            "accepted" => {
+            tocsin_contract::Verdict::Accepted => {
                 s.accepted += 1;
                 if r.recv_ms + 1 < r.fire_at_ms {
                     s.early += 1;
@@ -297,9 +301,16 @@ async fn fire(
                 s.lateness.as_mut().expect("histogram").record(r.recv_ms.saturating_sub(r.fire_at_ms)).ok();
                 s.seen.insert(r.id.clone());
             }
-            "duplicate" => s.duplicates += 1,
-            "rejected_stale" => s.stale += 1,
-            _ => {}
+            tocsin_contract::Verdict::Duplicate => s.duplicates += 1,
+            tocsin_contract::Verdict::RejectedStale => s.stale += 1,
+            tocsin_contract::Verdict::RejectedSig
+            | tocsin_contract::Verdict::BadBody
+            | tocsin_contract::Verdict::Refused
+            | tocsin_contract::Verdict::Slow
+            | tocsin_contract::Verdict::Abandoned
+            | tocsin_contract::Verdict::AckStale
+            | tocsin_contract::Verdict::AckNotFound
+            | tocsin_contract::Verdict::AckFailed => {}
         }
     });
     let fence = sink::Fence::new(None, Box::new(std::io::sink()), Some(tap));
@@ -533,7 +544,7 @@ impl Child {
     }
 
     async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
-        let client = tocsin_node::delivery::http_client_builder().timeout(Duration::from_millis(500)).build()?;
+        let client = tocsin_contract::tls::http_client_builder().timeout(Duration::from_millis(500)).build()?;
         let deadline = Instant::now() + timeout;
         while Instant::now() < deadline {
             if let Some(status) = self.child.try_wait()? {
@@ -593,7 +604,7 @@ async fn restart(
     let received = Arc::new(Mutex::new(Vec::<u64>::new()));
     let tap_received = received.clone();
     let tap: Box<dyn Fn(&sink::Received) + Send> = Box::new(move |r| {
-        if r.verdict == "accepted" {
+        if r.verdict == tocsin_contract::Verdict::Accepted {
             tap_received.lock().expect("lock").push(r.recv_ms);
         }
     });

@@ -1,11 +1,17 @@
 //! `tocsin`: run a node (`dev`, `serve`), use one (`timer`), inspect a
 //! cluster (`cluster`), operate one (`admin`), measure one
 //! (`bench`), receive its callbacks (`sink`), and check one (`probe`).
+//!
+//! Only `dev` and `serve` link the server (`tocsin-node`, and so RocksDB
+//! and openraft), behind the default `server` feature: `cargo build -p
+//! tocsin-cli --no-default-features` builds a client-side `tocsin` (timer,
+//! cluster, admin, bench, sink, probe) without them.
 
 mod admin;
 mod bench;
 mod cluster;
 mod probe;
+#[cfg(feature = "server")]
 mod run;
 mod sink;
 mod timer;
@@ -24,8 +30,10 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Run a single-node cluster for development, with data in ./tocsin-data.
+    #[cfg(feature = "server")]
     Dev(run::DevArgs),
     /// Run a production node from a config file (see deploy/tocsin.example.toml).
+    #[cfg(feature = "server")]
     Serve(run::ServeArgs),
     /// Create, get, list, cancel and reschedule timers on a running cluster.
     #[command(subcommand)]
@@ -51,7 +59,9 @@ fn main() -> std::process::ExitCode {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let result = runtime.block_on(async {
         match cli.command {
+            #[cfg(feature = "server")]
             Command::Dev(args) => run::dev(args).await,
+            #[cfg(feature = "server")]
             Command::Serve(args) => run::serve(args).await,
             Command::Timer(cmd) => timer::run(cmd).await,
             Command::Cluster(cmd) => cluster::run(cmd).await,

@@ -15,7 +15,7 @@ pub struct ProbeArgs {
 
 pub async fn run(args: ProbeArgs) -> anyhow::Result<ExitCode> {
     let path = if args.live { "healthz" } else { "readyz" };
-    let client = tocsin_node::delivery::http_client_builder().timeout(Duration::from_secs(2)).build()?;
+    let client = tocsin_contract::tls::http_client_builder().timeout(Duration::from_secs(2)).build()?;
     match client.get(format!("http://{}/{path}", args.http)).send().await {
         Ok(resp) if resp.status().is_success() => Ok(ExitCode::SUCCESS),
         Ok(resp) => {

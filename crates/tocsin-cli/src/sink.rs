@@ -35,8 +35,10 @@ use axum::http::Uri;
 use axum::response::IntoResponse;
 use axum::response::Response;
 use serde::Serialize;
-use tocsin_node::delivery::signing;
-use tocsin_node::json::DeliveryJson;
+use tocsin_contract::Verdict;
+use tocsin_contract::headers;
+use tocsin_contract::json::DeliveryJson;
+use tocsin_contract::signing;
 
 #[derive(clap::Args)]
 pub struct SinkArgs {
@@ -71,10 +73,8 @@ fn now_ms() -> u64 {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Received {
     pub recv_ms: u64,
-    /// accepted, duplicate, rejected_stale, rejected_sig, bad_body; refused
-    /// (a mode answered an error status); slow (a slow path's request
-    /// arrived; its decision follows as another line once the sink answers).
-    pub verdict: &'static str,
+    /// What the sink decided (see [`Verdict`]).
+    pub verdict: Verdict,
     pub namespace: String,
     pub id: String,
     pub shard: u32,
@@ -95,7 +95,7 @@ impl Received {
         let delivery: DeliveryJson = serde_json::from_slice(body).ok()?;
         Some(Received {
             recv_ms,
-            verdict: "accepted",
+            verdict: Verdict::Accepted,
             namespace: delivery.namespace,
             id: delivery.id,
             shard: delivery.shard,
@@ -198,31 +198,33 @@ impl Fence {
         Fence { max_epoch: HashMap::new(), seen: HashSet::new(), secret, out, tap }
     }
 
-    fn decide(&mut self, path: &str, headers: &HeaderMap, body: &[u8]) -> (StatusCode, &'static str, Option<Received>) {
+    fn decide(&mut self, path: &str, headers: &HeaderMap, body: &[u8]) -> (StatusCode, Verdict, Option<Received>) {
         let recv_ms = now_ms();
         let Some(mut received) = Received::parse(recv_ms, path, body) else {
-            return (StatusCode::BAD_REQUEST, "bad_body", None);
+            return (StatusCode::BAD_REQUEST, Verdict::BadBody, None);
         };
         if let Some(secret) = &self.secret {
             let header = |n: &str| headers.get(n).and_then(|v| v.to_str().ok()).unwrap_or("");
-            let ts: u64 = header("webhook-timestamp").parse().unwrap_or(0);
+            let ts: u64 = header(headers::WEBHOOK_TIMESTAMP).parse().unwrap_or(0);
             let fresh = (recv_ms / 1000).abs_diff(ts) <= 300;
-            if !fresh || !signing::verify(secret, header("webhook-id"), ts, body, header("webhook-signature")) {
-                received.verdict = "rejected_sig";
-                return (StatusCode::UNAUTHORIZED, "rejected_sig", Some(received));
+            if !fresh
+                || !signing::verify(secret, header(headers::WEBHOOK_ID), ts, body, header(headers::WEBHOOK_SIGNATURE))
+            {
+                received.verdict = Verdict::RejectedSig;
+                return (StatusCode::UNAUTHORIZED, Verdict::RejectedSig, Some(received));
             }
         }
         let max = self.max_epoch.entry(received.shard).or_insert(0);
         if received.epoch < *max {
-            received.verdict = "rejected_stale";
-            return (StatusCode::CONFLICT, "rejected_stale", Some(received));
+            received.verdict = Verdict::RejectedStale;
+            return (StatusCode::CONFLICT, Verdict::RejectedStale, Some(received));
         }
         *max = received.epoch;
         if !self.seen.insert(received.fire_id.clone()) {
-            received.verdict = "duplicate";
-            return (StatusCode::OK, "duplicate", Some(received));
+            received.verdict = Verdict::Duplicate;
+            return (StatusCode::OK, Verdict::Duplicate, Some(received));
         }
-        (StatusCode::OK, "accepted", Some(received))
+        (StatusCode::OK, Verdict::Accepted, Some(received))
     }
 
     fn record(&mut self, received: &Received) {
@@ -244,14 +246,14 @@ impl Fence {
         }
         let max_epoch = self.max_epoch.get(&shard_of(body)).copied().unwrap_or(0);
         let body = match verdict {
-            "rejected_stale" => serde_json::json!({ "error": "stale epoch", "max_epoch": max_epoch }),
+            Verdict::RejectedStale => serde_json::json!({ "error": "stale epoch", "max_epoch": max_epoch }),
             other => serde_json::json!({ "verdict": other }),
         };
         (status, axum::Json(body)).into_response()
     }
 
     /// Records a request a mode answered without deciding on it.
-    fn note(&mut self, verdict: &'static str, status: u16, path: &str, body: &[u8]) {
+    fn note(&mut self, verdict: Verdict, status: u16, path: &str, body: &[u8]) {
         let mut r = Received::parse(now_ms(), path, body).unwrap_or_else(|| Received {
             recv_ms: now_ms(),
             path: path.to_string(),
@@ -298,7 +300,7 @@ fn app_with_modes(fence: Fence, modes: BTreeMap<String, Mode>) -> axum::Router {
         match sink.mode_for(&uri) {
             Mode::Ok => sink.fence.lock().expect("fence lock").handle(&path, &headers, &body),
             Mode::Status { code, retry_after_s } => {
-                sink.fence.lock().expect("fence lock").note("refused", code, &path, &body);
+                sink.fence.lock().expect("fence lock").note(Verdict::Refused, code, &path, &body);
                 let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
                 let mut response =
                     (status, axum::Json(serde_json::json!({ "error": "refused by the sink's mode" }))).into_response();
@@ -310,7 +312,7 @@ fn app_with_modes(fence: Fence, modes: BTreeMap<String, Mode>) -> axum::Router {
                 response
             }
             Mode::Slow { ms } => {
-                sink.fence.lock().expect("fence lock").note("slow", 0, &path, &body);
+                sink.fence.lock().expect("fence lock").note(Verdict::Slow, 0, &path, &body);
                 tokio::time::sleep(Duration::from_millis(ms)).await;
                 sink.fence.lock().expect("fence lock").handle(&path, &headers, &body)
             }

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use tocsin_client::Client;
 use tocsin_client::v1 as pb;
-use tocsin_node::json::TimerJson;
+use tocsin_contract::json::TimerJson;
 
 #[derive(clap::Args, Clone)]
 pub struct Conn {
@@ -100,7 +100,7 @@ fn print_timer(timer: &pb::Timer, json: bool) {
         println!("{}", serde_json::to_string_pretty(&TimerJson::from_proto(timer)).expect("json"));
         return;
     }
-    let state = tocsin_node::json::state_name(timer.state);
+    let state = tocsin_contract::json::state_name(timer.state);
     print!(
         "{}/{}  {state}  fire_at_ms={}  generation={}  shard={}",
         timer.namespace, timer.id, timer.fire_at_ms, timer.generation, timer.shard

@@ -11,8 +11,14 @@ use crate::timer::RetryPolicy;
 /// guaranteed (no retry storm right after a failure) and the other half
 /// spreads retries of a burst of timers that failed together.
 pub fn backoff_ms(policy: &RetryPolicy, failed_attempt: u32, jitter: f64) -> u64 {
-    let exponent = failed_attempt.saturating_sub(1).min(62);
-    let base = policy.initial_backoff_ms.max(1).saturating_mul(1u64 << exponent).min(policy.max_backoff_ms.max(1));
+    equal_jitter_ms(policy.initial_backoff_ms, policy.max_backoff_ms, failed_attempt.saturating_sub(1), jitter)
+}
+
+/// `d = min(max_ms, initial_ms × 2^exponent)`, then the point of `[d/2, d]`
+/// that `jitter` in `[0, 1)` picks: the one backoff rule of the project
+/// (the leader's retry schedule above, and the client's retries).
+pub fn equal_jitter_ms(initial_ms: u64, max_ms: u64, exponent: u32, jitter: f64) -> u64 {
+    let base = initial_ms.max(1).saturating_mul(1u64 << exponent.min(62)).min(max_ms.max(1));
     let jitter = jitter.clamp(0.0, 1.0);
     let half = base / 2;
     half + ((base - half) as f64 * jitter) as u64

@@ -43,6 +43,12 @@ pub struct Limits {
     pub default_max_attempts: u32,
     pub default_initial_backoff_ms: u64,
     pub default_max_backoff_ms: u64,
+    /// Most timers one `ListTimers` page returns.
+    pub max_page_size: usize,
+    /// Most deliveries one `Ack` or `Nack` call settles.
+    pub max_settle_batch: usize,
+    /// A `Nack`'s reason is cut to this many characters.
+    pub max_reason_chars: usize,
 }
 
 impl Default for Limits {
@@ -60,6 +66,9 @@ impl Default for Limits {
             default_max_attempts: 300,
             default_initial_backoff_ms: 1_000,
             default_max_backoff_ms: 600_000,
+            max_page_size: 1000,
+            max_settle_batch: 10_000,
+            max_reason_chars: 200,
         }
     }
 }

@@ -24,8 +24,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use std::time::Instant;
 
-use crate::api::error::ApiError;
 use crate::config::AdmissionConfig;
+use crate::error::NodeError;
 
 /// Most namespaces tracked by the rate limiter; past it the oldest buckets
 /// are dropped (they refill anyway).
@@ -113,9 +113,9 @@ impl Admission {
     }
 
     /// Admits `count` creates in `namespace`, or says why not.
-    pub fn admit_create(&self, namespace: &str, count: u64) -> Result<(), ApiError> {
+    pub fn admit_create(&self, namespace: &str, count: u64) -> Result<(), NodeError> {
         if self.disk_low.load(Ordering::Relaxed) {
-            return Err(ApiError::ResourceExhausted {
+            return Err(NodeError::ResourceExhausted {
                 message: format!(
                     "free disk is below {} bytes; creates are refused until space is freed",
                     self.config.min_free_disk_bytes
@@ -144,7 +144,7 @@ impl Admission {
             Ok(())
         } else {
             let missing = count as f64 - *tokens;
-            Err(ApiError::ResourceExhausted {
+            Err(NodeError::ResourceExhausted {
                 message: format!("namespace {namespace} is over its create rate of {rate}/s"),
                 retry_after_ms: ((missing / rate as f64) * 1000.0).ceil() as u64,
             })
@@ -192,10 +192,10 @@ pub fn shed(reason: ShedReason, measured: Duration, bound: Duration) -> Option<D
 
 /// Whether creates are refused for a scheduling lag of `lag` against the
 /// bound `shed_after` (0: never).
-pub fn shed_for_lag(lag: Duration, shed_after: Duration) -> Result<(), ApiError> {
+pub fn shed_for_lag(lag: Duration, shed_after: Duration) -> Result<(), NodeError> {
     match shed(ShedReason::SchedulingLag, lag, shed_after) {
         None => Ok(()),
-        Some(retry_after) => Err(ApiError::ResourceExhausted {
+        Some(retry_after) => Err(NodeError::ResourceExhausted {
             message: format!("this node is overloaded: its scheduling lag is {} ms", lag.as_millis()),
             retry_after_ms: retry_after.as_millis() as u64,
         }),
@@ -224,7 +224,7 @@ mod tests {
             average = next_lag_average_us(average, 60_000);
         }
         match shed_for_lag(Duration::from_micros(average), bound) {
-            Err(ApiError::ResourceExhausted { retry_after_ms, message }) => {
+            Err(NodeError::ResourceExhausted { retry_after_ms, message }) => {
                 assert!((100..=2_000).contains(&retry_after_ms), "{retry_after_ms}");
                 assert!(message.contains("overloaded"), "{message}");
             }

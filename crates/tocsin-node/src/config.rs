@@ -296,6 +296,15 @@ impl NodeConfig {
         if self.limits.max_batch == 0 || self.limits.max_batch > tocsin_core::limits::HARD_MAX_BATCH {
             return invalid("limits.max_batch", "must be between 1 and 1000");
         }
+        if self.limits.max_page_size == 0 || self.limits.max_page_size > 10_000 {
+            return invalid("limits.max_page_size", "must be between 1 and 10000");
+        }
+        if self.limits.max_settle_batch == 0 || self.limits.max_settle_batch > 100_000 {
+            return invalid("limits.max_settle_batch", "must be between 1 and 100000");
+        }
+        if self.limits.max_reason_chars > tocsin_core::limits::MAX_ERROR_BYTES {
+            return invalid("limits.max_reason_chars", "must be at most 256");
+        }
         if self.admission.max_request_bytes < self.limits.max_payload_bytes + 4096 {
             return invalid("admission.max_request_bytes", "must exceed limits.max_payload_bytes");
         }
@@ -312,7 +321,7 @@ impl NodeConfig {
             tocsin_core::validate::check_namespace(ns)
                 .map_err(|e| ConfigError::Invalid { field: format!("namespaces.{ns}"), message: e.message })?;
             if let Some(secret) = &cfg.webhook_secret
-                && crate::delivery::signing::secret_bytes(secret).len() < 24
+                && tocsin_contract::signing::secret_bytes(secret).len() < 24
             {
                 return invalid(&format!("namespaces.{ns}.webhook_secret"), "must be at least 24 bytes");
             }

@@ -1,7 +1,7 @@
 //! One-hop forwarding: any node accepts any request and, when it does not
 //! lead the shard, passes the request to the leader it knows of.
 //!
-//! A forwarded request carries [`FORWARDED`], and is never forwarded again:
+//! A forwarded request carries `x-tocsin-forwarded`, and is never forwarded again:
 //! if the receiver is not the leader either (leadership moved meanwhile) it
 //! answers UNAVAILABLE with its own hint, and the client retries. The
 //! shard-aware client sends to leaders directly and rarely pays this hop.
@@ -14,23 +14,13 @@ use tocsin_proto::v1::timer_service_client::TimerServiceClient;
 use tonic::transport::Channel;
 use tonic::transport::Endpoint;
 
-/// Set on a request one node forwards to another.
-pub const FORWARDED: &str = "x-tocsin-forwarded";
-/// Set on a `Reserve` stream that should serve only this node's shards (the
-/// shard-aware client opens one per node itself).
-pub const LOCAL_ONLY: &str = "x-tocsin-local";
-/// Set on `ListTimers` / `GetHorizon` to ask about one shard only.
-pub const SHARD: &str = "x-tocsin-shard";
-/// Set by the shard-aware client: the cluster map epoch it routed the
-/// request by (see `NodeState::check_route`).
-pub const MAP_EPOCH: &str = "x-tocsin-map-epoch";
-/// Set on the response to a request this node forwarded: the id of the node
-/// that answered it, the shard's leader. The shard-aware client routes the
-/// shard's next requests there instead of paying the extra hop each time
-/// (a forward succeeds, so without this it would never learn).
-pub const LEADER: &str = "x-tocsin-leader";
+use tocsin_contract::headers::FORWARDED;
+use tocsin_contract::headers::LEADER;
+use tocsin_contract::headers::LOCAL_ONLY;
+use tocsin_contract::headers::MAP_EPOCH;
+use tocsin_contract::headers::SHARD;
 
-/// Marks `response` as answered by `leader` (see [`LEADER`]).
+/// Marks `response` as answered by `leader` (see `tocsin_contract::headers::LEADER`).
 pub fn mark_leader<T>(response: &mut tonic::Response<T>, leader: u64) {
     response.metadata_mut().insert(LEADER, leader.to_string().parse().expect("ascii"));
 }

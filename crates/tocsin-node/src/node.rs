@@ -1,5 +1,7 @@
-//! A running node: the store, one Raft group per hosted shard, the fire
-//! loops, delivery, and the gRPC and HTTP servers.
+//! The composition root: builds a node's parts (the store, the shared
+//! state, one Raft group per hosted shard, the fire loops, delivery, the
+//! gRPC and HTTP servers), starts them in order and stops them. Nothing
+//! else in the crate imports this module.
 //!
 //! Start-up order matters: listeners are bound first (so an `:0` port is
 //! known before it is written into Raft membership), then every hosted
@@ -18,12 +20,10 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
+use tocsin_contract::signing;
 use tocsin_core::ShardId;
 use tocsin_proto::v1 as pb;
-use tocsin_store::LogStore;
 use tocsin_store::NodeAddr;
-use tocsin_store::Raft;
-use tocsin_store::StateMachine;
 use tocsin_store::Store;
 use tocsin_store::StoreConfig;
 use tokio::net::TcpListener;
@@ -32,417 +32,26 @@ use tokio::task::JoinHandle;
 
 use crate::admission::Admission;
 use crate::api::admin::AdminApi;
-use crate::api::error::ApiError;
 use crate::api::timers::TimerApi;
 use crate::clock::Clock;
 use crate::config::NodeConfig;
-use crate::delivery::Dispatcher;
-use crate::delivery::pull::PullHub;
-use crate::delivery::signing;
-use crate::delivery::webhook::WebhookSender;
-use crate::events::EventSink;
+use crate::control::map::MapCache;
+use crate::control::state::NodeState;
+use crate::control::state::ShardTable;
+use crate::error::StartError;
 use crate::forward::Forwarder;
-use crate::leader;
-use crate::meta::MapCache;
-use crate::meta::MetaCtx;
-use crate::proposer::Proposer;
-use crate::raft::Groups;
-use crate::raft::NetworkFactory;
-use crate::raft::Router;
-use crate::raft::TransportService;
-use crate::raft::openraft_config;
 use crate::runtime::SideRuntime;
-use crate::shard::ShardCtx;
+use crate::shard::delivery::Dispatcher;
+use crate::shard::delivery::pull::PullHub;
+use crate::shard::delivery::webhook::WebhookSender;
+use crate::shard::raft::Groups;
+use crate::shard::raft::Router;
+use crate::shard::raft::TransportService;
+use crate::shard::raft::openraft_config;
 
 /// Replica moves a node runs at once as a shard leader: each streams a
 /// snapshot and catches a learner up, and the fire loops share the cores.
 const MOVES_AT_ONCE: usize = 1;
-
-/// Why a node could not start.
-#[derive(Debug, thiserror::Error)]
-pub enum StartError {
-    #[error("binding {addr}: {source}")]
-    Bind { addr: String, source: std::io::Error },
-    #[error("opening the store at {path}: {source}")]
-    Store { path: String, source: std::io::Error },
-    #[error("starting raft group {group}: {message}")]
-    Raft { group: u64, message: String },
-    #[error("{0}")]
-    Config(#[from] crate::config::ConfigError),
-    #[error("building the webhook client: {0}")]
-    Webhook(String),
-    #[error("starting a runtime (Raft or fire): {0}")]
-    Runtime(std::io::Error),
-}
-
-/// What every API handler and background task shares.
-pub struct NodeState {
-    pub config: Arc<NodeConfig>,
-    pub node_id: u64,
-    pub self_addr: NodeAddr,
-    /// The node's guarded wall clock (`clock.rs`): every time a timer sees.
-    pub clock: Arc<Clock>,
-    pub store: Arc<Store>,
-    /// Hosted shards; replicas come and go as memberships change.
-    pub shards: ShardTable,
-    pub groups: Groups,
-    pub router: Router,
-    raft_config: Arc<openraft::Config>,
-    /// Where Raft's tasks run (`runtime.rs`); the runtime itself is the
-    /// [`Node`]'s.
-    raft_runtime: tokio::runtime::Handle,
-    /// Where each shard's proposer, leader supervisor, fire loop and
-    /// deliveries run (`runtime.rs`).
-    fire_runtime: tokio::runtime::Handle,
-    /// Serializes hosting and releasing shards, and so the hosted-set
-    /// writes.
-    hosting: tokio::sync::Mutex<()>,
-    pub dispatcher: Arc<Dispatcher>,
-    pub admission: Arc<Admission>,
-    pub metrics: Option<PrometheusHandle>,
-    pub forwarder: Arc<Forwarder>,
-    /// The cluster as the other nodes report it, refreshed by the
-    /// reconcile loop: where requests for the shards this node does not
-    /// host go.
-    pub remote_view: std::sync::RwLock<Option<crate::view::ClusterView>>,
-    /// This node's replica of the metadata group, if it hosts one.
-    meta: std::sync::RwLock<Option<Arc<MetaCtx>>>,
-    /// The newest cluster map this node knows.
-    pub map: MapCache,
-    /// Replica moves this node runs at once as a shard leader (see
-    /// `reconcile.rs`).
-    pub moves: Arc<tokio::sync::Semaphore>,
-    shutting_down: AtomicBool,
-}
-
-impl NodeState {
-    pub fn shutting_down(&self) -> bool {
-        self.shutting_down.load(Ordering::SeqCst)
-    }
-
-    /// This node's metadata replica, if it hosts one.
-    pub fn meta(&self) -> Option<Arc<MetaCtx>> {
-        self.meta.read().expect("meta lock").clone()
-    }
-
-    /// The map this node's metadata replica has applied, if it hosts one;
-    /// read on the blocking pool, and learned into the cache.
-    pub async fn local_map(&self) -> Option<tocsin_core::cluster::ClusterMap> {
-        self.meta()?;
-        let store = self.store.clone();
-        let read = tokio::task::spawn_blocking(move || store.cluster_map()).await;
-        match read.map_err(std::io::Error::other).and_then(|r| r) {
-            Ok(map) => {
-                self.map.learn(map.clone());
-                Some(map)
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "reading the cluster map");
-                None
-            }
-        }
-    }
-
-    /// The cached cluster map, first updated from this node's metadata
-    /// replica if it hosts one (a point read; not for every request).
-    pub async fn fresh_map(&self) -> Arc<tocsin_core::cluster::ClusterMap> {
-        self.local_map().await;
-        self.map.get()
-    }
-
-    /// Refuses a request for `shard` routed by a map older than the
-    /// shard's last placement change (`map_epoch` 0: the client carries no
-    /// map, nothing to check). A newer epoch than this node's makes it
-    /// refresh its own map.
-    pub fn check_route(&self, shard: ShardId, map_epoch: u64) -> Result<(), ApiError> {
-        if map_epoch == 0 {
-            return Ok(());
-        }
-        self.map.saw_epoch(map_epoch);
-        let map = self.map.get();
-        let shard_epoch = map.shard_epoch(shard);
-        if shard_epoch > map_epoch {
-            metrics::counter!("tocsin_stale_map_refusals_total").increment(1);
-            return Err(ApiError::StaleMap {
-                message: format!(
-                    "stale shard map: shard {shard}'s replicas changed at map epoch {shard_epoch}, after the epoch {map_epoch} this request was routed by; refresh the map"
-                ),
-                map_epoch: map.epoch,
-            });
-        }
-        Ok(())
-    }
-
-    /// Every other node named in a hosted group's membership, by id.
-    pub fn peers(&self) -> BTreeMap<u64, NodeAddr> {
-        let mut peers = BTreeMap::new();
-        let rafts = self.shards.all().into_iter().map(|c| c.raft.clone()).chain(self.meta().map(|m| m.raft.clone()));
-        for raft in rafts {
-            let m = raft.metrics().borrow_watched().clone();
-            for (id, addr) in m.membership_config.membership().nodes() {
-                if *id != self.node_id {
-                    peers.insert(*id, addr.clone());
-                }
-            }
-        }
-        peers
-    }
-
-    /// The gRPC addresses of every other node.
-    pub fn peer_grpc_addrs(&self) -> Vec<String> {
-        self.peers().into_values().map(|a| a.grpc_addr).filter(|a| !a.is_empty()).collect()
-    }
-
-    /// The hosted shard `shard`, or UNAVAILABLE.
-    pub fn shard(&self, shard: ShardId) -> Result<Arc<ShardCtx>, ApiError> {
-        self.shards.get(shard).ok_or_else(|| {
-            // Point at the leader the other nodes report, so the request is
-            // forwarded there.
-            let leader = self.remote_view.read().expect("view lock").as_ref().and_then(|view| {
-                let s = view.shards.get(shard as usize)?;
-                let addr = view.nodes.get(&s.leader)?;
-                (s.leader != 0).then(|| pb::LeaderHint {
-                    shard,
-                    node_id: s.leader,
-                    grpc_addr: addr.grpc_addr.clone(),
-                    http_addr: addr.http_addr.clone(),
-                })
-            });
-            ApiError::Unavailable {
-                message: format!("shard {shard} is not hosted on node {}", self.node_id),
-                leader,
-                retry_after_ms: 100,
-            }
-        })
-    }
-
-    /// Updates the per-shard gauges from Raft metrics and the shard meta.
-    pub fn refresh_gauges(&self) {
-        for ctx in self.shards.all() {
-            let shard = ctx.shard.to_string();
-            let m = ctx.raft.metrics().borrow_watched().clone();
-            metrics::gauge!("tocsin_raft_applied_index", "shard" => shard.clone())
-                .set(m.last_applied.map_or(0, |l| l.index) as f64);
-            metrics::gauge!("tocsin_raft_committed_index", "shard" => shard.clone())
-                .set(m.local_committed.map_or(0, |l| l.index) as f64);
-            metrics::gauge!("tocsin_raft_term", "shard" => shard.clone()).set(m.current_term as f64);
-            metrics::gauge!("tocsin_raft_is_leader", "shard" => shard.clone()).set(if ctx.epoch().is_some() {
-                1.0
-            } else {
-                0.0
-            });
-            if let Ok(meta) = ctx.store.shard_meta(ctx.group) {
-                metrics::gauge!("tocsin_pending_timers", "shard" => shard.clone()).set(meta.scheduled as f64);
-                metrics::gauge!("tocsin_firing_timers", "shard" => shard.clone()).set(meta.firing as f64);
-                metrics::gauge!("tocsin_epoch", "shard" => shard).set(meta.epoch as f64);
-            }
-        }
-        for (name, value) in self.store.memory_usage() {
-            metrics::gauge!(name).set(value as f64);
-        }
-        for (ns, topic, n) in self.dispatcher.pull.ready_counts() {
-            metrics::gauge!("tocsin_pull_ready", "namespace" => ns, "topic" => topic).set(n as f64);
-        }
-    }
-}
-
-impl NodeState {
-    /// Opens `shard`'s group from the store and starts its proposer and
-    /// fire-loop supervisor. Does not touch the hosted set.
-    async fn open_shard(self: &Arc<Self>, shard: ShardId) -> Result<Arc<ShardCtx>, StartError> {
-        let group = u64::from(shard);
-        let log = LogStore::new(self.store.clone(), group);
-        // The fire loop follows the applied log through this sink.
-        let events = Arc::new(EventSink::default());
-        let sm = StateMachine::open_observed(self.store.clone(), group, Some(events.clone()))
-            .await
-            .map_err(|e| StartError::Raft { group, message: e.to_string() })?;
-        let network = NetworkFactory::new(self.router.clone(), group);
-        let raft = self.new_raft(group, self.raft_config.clone(), network, log, sm).await?;
-        let proposer = Proposer::start(
-            raft.clone(),
-            self.node_id,
-            self.clock.clone(),
-            crate::proposer::ProposerLimits {
-                queue: self.config.admission.proposal_queue,
-                timeout: Duration::from_millis(self.config.admission.request_timeout_ms),
-                shed_creates_after: Duration::from_millis(self.config.admission.shed_creates_after_ms),
-            },
-            &self.fire_runtime,
-        );
-        let ctx = Arc::new(ShardCtx::new(
-            shard,
-            self.node_id,
-            raft.clone(),
-            proposer,
-            events,
-            crate::shard::ShardEnv {
-                store: self.store.clone(),
-                config: self.config.clone(),
-                clock: self.clock.clone(),
-            },
-        ));
-        self.groups.insert(group, raft);
-        self.shards.insert(ctx.clone());
-        let dispatcher = self.dispatcher.clone();
-        let pull = dispatcher.pull.clone();
-        let mut leadership = ctx.watch_leadership();
-        let supervised = ctx.clone();
-        // On the fire runtime: the supervisor spawns the fire loop, which
-        // spawns the deliveries, each on the runtime it runs on.
-        self.fire_runtime.spawn(async move {
-            // Forget pull state of shards we stop leading.
-            tokio::spawn(async move {
-                while leadership.changed().await.is_ok() {
-                    if *leadership.borrow() == crate::shard::Leadership::Follower {
-                        pull.forget_shard(shard);
-                    }
-                }
-            });
-            // Returns when the group shuts down (its metrics close).
-            leader::supervise(supervised, dispatcher).await;
-        });
-        Ok(ctx)
-    }
-
-    /// Starts a group's openraft core on the Raft runtime (`runtime.rs`):
-    /// openraft spawns its tasks on the runtime it is started from.
-    async fn new_raft(
-        &self,
-        group: u64,
-        config: Arc<openraft::Config>,
-        network: NetworkFactory,
-        log: LogStore,
-        sm: StateMachine,
-    ) -> Result<Raft, StartError> {
-        let raft_error = |message: String| StartError::Raft { group, message };
-        let node_id = self.node_id;
-        self.raft_runtime
-            .spawn(async move { Raft::new(node_id, config, network, log, sm).await })
-            .await
-            .map_err(|e| raft_error(e.to_string()))?
-            .map_err(|e| raft_error(e.to_string()))
-    }
-
-    /// Opens the metadata group's replica from the store.
-    async fn open_meta(&self) -> Result<Arc<MetaCtx>, StartError> {
-        let group = tocsin_store::keys::META_GROUP;
-        let log = LogStore::new(self.store.clone(), group);
-        let sm = StateMachine::open(self.store.clone(), group)
-            .await
-            .map_err(|e| StartError::Raft { group, message: e.to_string() })?;
-        let network = NetworkFactory::new(self.router.clone(), group);
-        let raft = self.new_raft(group, crate::raft::metadata_config(&self.config.raft), network, log, sm).await?;
-        let ctx = Arc::new(MetaCtx::new(self.node_id, raft.clone()));
-        self.groups.insert(group, raft);
-        *self.meta.write().expect("meta lock") = Some(ctx.clone());
-        Ok(ctx)
-    }
-
-    async fn persist_hosted(&self, bootstrapped: bool) -> Result<(), StartError> {
-        let mut groups: Vec<u64> = self.shards.ids().into_iter().map(u64::from).collect();
-        if self.meta().is_some() {
-            groups.push(tocsin_store::keys::META_GROUP);
-        }
-        self.store
-            .set_hosted_groups(&tocsin_store::hosting::Hosted { groups, bootstrapped })
-            .await
-            .map_err(|source| StartError::Store { path: self.store.path().display().to_string(), source })
-    }
-
-    /// Starts hosting `shard` as an empty replica a leader can add as a
-    /// learner; `false` if it was hosted already.
-    pub async fn host_shard(self: &Arc<Self>, shard: ShardId) -> Result<bool, StartError> {
-        let _guard = self.hosting.lock().await;
-        if self.shards.get(shard).is_some() {
-            return Ok(false);
-        }
-        self.open_shard(shard).await?;
-        self.persist_hosted(true).await?;
-        tracing::info!(shard, "hosting a new replica");
-        Ok(true)
-    }
-
-    /// Starts hosting an empty replica of the metadata group; `false` if it
-    /// was hosted already.
-    pub async fn host_meta(self: &Arc<Self>) -> Result<bool, StartError> {
-        let _guard = self.hosting.lock().await;
-        if self.meta().is_some() {
-            return Ok(false);
-        }
-        self.open_meta().await?;
-        self.persist_hosted(true).await?;
-        tracing::info!("hosting a new replica of the metadata group");
-        Ok(true)
-    }
-
-    /// Stops hosting the metadata group and deletes its data; `false` if it
-    /// was not hosted.
-    pub async fn release_meta(self: &Arc<Self>) -> Result<bool, StartError> {
-        let _guard = self.hosting.lock().await;
-        let Some(ctx) = self.meta.write().expect("meta lock").take() else { return Ok(false) };
-        self.persist_hosted(true).await?;
-        let group = tocsin_store::keys::META_GROUP;
-        self.groups.remove(group);
-        if let Err(e) = ctx.raft.shutdown().await {
-            tracing::warn!(error = %e, "raft shutdown while releasing the metadata replica");
-        }
-        self.store
-            .drop_group(group)
-            .await
-            .map_err(|source| StartError::Store { path: self.store.path().display().to_string(), source })?;
-        tracing::info!("released the metadata replica and deleted its data");
-        Ok(true)
-    }
-
-    /// Stops hosting `shard`: shuts its group down, forgets its pull state
-    /// and deletes its data. `false` if it was not hosted.
-    pub async fn release_shard(self: &Arc<Self>, shard: ShardId) -> Result<bool, StartError> {
-        let _guard = self.hosting.lock().await;
-        let Some(ctx) = self.shards.remove(shard) else { return Ok(false) };
-        self.persist_hosted(true).await?;
-        self.groups.remove(ctx.group);
-        if let Err(e) = ctx.raft.shutdown().await {
-            tracing::warn!(shard, error = %e, "raft shutdown while releasing");
-        }
-        self.dispatcher.pull.forget_shard(shard);
-        self.store
-            .drop_group(ctx.group)
-            .await
-            .map_err(|source| StartError::Store { path: self.store.path().display().to_string(), source })?;
-        tracing::info!(shard, "released the replica and deleted its data");
-        Ok(true)
-    }
-}
-
-/// The shards a node hosts, by shard id.
-#[derive(Default)]
-pub struct ShardTable {
-    inner: std::sync::RwLock<BTreeMap<ShardId, Arc<ShardCtx>>>,
-}
-
-impl ShardTable {
-    pub fn get(&self, shard: ShardId) -> Option<Arc<ShardCtx>> {
-        self.inner.read().expect("shard table lock").get(&shard).cloned()
-    }
-
-    /// Every hosted shard, in shard order.
-    pub fn all(&self) -> Vec<Arc<ShardCtx>> {
-        self.inner.read().expect("shard table lock").values().cloned().collect()
-    }
-
-    pub fn ids(&self) -> Vec<ShardId> {
-        self.inner.read().expect("shard table lock").keys().copied().collect()
-    }
-
-    fn insert(&self, ctx: Arc<ShardCtx>) {
-        self.inner.write().expect("shard table lock").insert(ctx.shard, ctx);
-    }
-
-    fn remove(&self, shard: ShardId) -> Option<Arc<ShardCtx>> {
-        self.inner.write().expect("shard table lock").remove(&shard)
-    }
-}
 
 /// A running node.
 pub struct Node {
@@ -515,7 +124,7 @@ impl Node {
         let store_err = |source| StartError::Store { path: config.data_dir.display().to_string(), source };
         let recorded = store.hosted_groups().map_err(store_err)?;
         // The metadata group starts on the lowest-id initial members.
-        let meta_voters = crate::meta::initial_voters(&members);
+        let meta_voters = crate::control::meta::initial_voters(&members);
         let (hosted, host_meta, bootstrapped): (Vec<ShardId>, bool, bool) = match &recorded {
             Some(h) => (
                 h.groups.iter().filter(|g| **g < u64::from(config.num_shards)).map(|g| *g as ShardId).collect(),
@@ -635,9 +244,9 @@ impl Node {
         }
 
         let supervisors = vec![
-            tokio::spawn(crate::balance::run(state.clone())),
-            tokio::spawn(crate::reconcile::run(state.clone())),
-            tokio::spawn(crate::balance::watch_health(state.clone())),
+            tokio::spawn(crate::control::balance::run(state.clone())),
+            tokio::spawn(crate::control::reconcile::run(state.clone())),
+            tokio::spawn(crate::control::balance::watch_health(state.clone())),
         ];
         tracing::info!(node_id, %grpc_addr, %http_addr, shards = config.num_shards, hosted = hosted.len(), metadata = host_meta, data = %config.data_dir.display(), "node started");
         Ok(Node { state, grpc_addr, http_addr, shutdown, servers, supervisors, raft_runtime, fire_runtime })
@@ -664,7 +273,7 @@ impl Node {
     /// closes the store.
     pub async fn shutdown(self) {
         self.state.shutting_down.store(true, Ordering::SeqCst);
-        crate::balance::hand_over_all(&self.state, Duration::from_secs(3)).await;
+        crate::control::balance::hand_over_all(&self.state, Duration::from_secs(3)).await;
         let _ = self.shutdown.send(true);
         for s in self.supervisors {
             s.abort();
@@ -704,7 +313,7 @@ async fn serve_grpc(
         .max_encoding_message_size(64 << 20);
     let admin = pb::admin_service_server::AdminServiceServer::new(AdminApi::new(state.clone()));
     let replicas =
-        pb::replica_control_server::ReplicaControlServer::new(crate::replicas::ReplicaService::new(state.clone()));
+        pb::replica_control_server::ReplicaControlServer::new(crate::api::peer::ReplicaService::new(state.clone()));
     let transport = Arc::new(TransportService::new(
         state.groups.clone(),
         spool,
@@ -713,7 +322,7 @@ async fn serve_grpc(
     ));
     // Raft messages come on their own links (`link.rs`), told apart from
     // HTTP/2 by their first byte; everything else is gRPC.
-    let incoming = crate::link::split_incoming(listener, transport.clone(), raft);
+    let incoming = crate::shard::link::split_incoming(listener, transport.clone(), raft);
     let transport = pb::raft_transport_server::RaftTransportServer::from_arc(transport)
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20);

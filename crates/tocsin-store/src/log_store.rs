@@ -259,7 +259,9 @@ impl RaftLogReader<TypeConfig> for LogStore {
     }
 
     async fn read_vote(&mut self) -> Result<Option<Vote>, io::Error> {
-        self.get_meta(raft_meta::VOTE)
+        // A RocksDB read: off the async workers, like every other one.
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || this.get_meta(raft_meta::VOTE)).await?
     }
 
     async fn limited_get_log_entries(&mut self, start: u64, end: u64) -> Result<Vec<Entry>, io::Error> {

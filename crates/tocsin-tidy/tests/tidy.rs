@@ -76,16 +76,26 @@ fn dependency_direction() {
         assert!(!deps("tocsin-proto").contains(banned), "tocsin-proto links {banned}");
     }
     // Internal layering: each crate may only use the ones listed.
-    let allowed: [(&str, &[&str]); 8] = [
+    let allowed: [(&str, &[&str]); 9] = [
         ("tocsin-wheel", &[]),
         ("tocsin-core", &["tocsin-wheel"]),
         ("tocsin-proto", &[]),
         ("tocsin-store", &["tocsin-core"]),
-        ("tocsin-client", &["tocsin-core", "tocsin-proto"]),
-        ("tocsin-node", &["tocsin-wheel", "tocsin-core", "tocsin-proto", "tocsin-store"]),
+        // The wire contract: no storage, no consensus (see below).
+        ("tocsin-contract", &["tocsin-core", "tocsin-proto"]),
+        ("tocsin-client", &["tocsin-core", "tocsin-proto", "tocsin-contract"]),
+        ("tocsin-node", &["tocsin-wheel", "tocsin-core", "tocsin-proto", "tocsin-contract", "tocsin-store"]),
         (
             "tocsin-cli",
-            &["tocsin-core", "tocsin-proto", "tocsin-node", "tocsin-client", "tocsin-wheel", "tocsin-store"],
+            &[
+                "tocsin-core",
+                "tocsin-proto",
+                "tocsin-contract",
+                "tocsin-node",
+                "tocsin-client",
+                "tocsin-wheel",
+                "tocsin-store",
+            ],
         ),
         // The deterministic simulation: tocsin-core's rules under openraft and
         // turmoil, never the RocksDB store nor the gRPC node.
@@ -178,4 +188,160 @@ fn storage_doc_lists_every_column_family() {
     for cf in cfs {
         assert!(doc.contains(&format!("`{cf}`")), "docs/storage.md does not describe column family `{cf}`");
     }
+}
+
+/// The module a file of `tocsin-node/src` defines, as a path
+/// (`shard/delivery/pull.rs` → `["shard", "delivery", "pull"]`).
+fn module_of(rel: &Path) -> Vec<String> {
+    let mut parts: Vec<String> = rel.iter().map(|p| p.to_string_lossy().into_owned()).collect();
+    let file = parts.pop().expect("a file name");
+    match file.as_str() {
+        "lib.rs" | "mod.rs" => {}
+        other => parts.push(other.trim_end_matches(".rs").to_string()),
+    }
+    parts
+}
+
+/// The layer of a module of `tocsin-node`: the base modules (0) import no
+/// layer; `shard` (1) only the base; `control` (2) `shard` and the base;
+/// `api` (3) all of those; `node` (4), the composition root, anything, and
+/// nothing imports it.
+fn node_layer(module: &[String]) -> usize {
+    match module.first().map(String::as_str) {
+        Some("shard") => 1,
+        Some("control") => 2,
+        Some("api") => 3,
+        Some("node") => 4,
+        _ => 0,
+    }
+}
+
+/// Every `crate::` path in `text`, comments left out.
+fn crate_paths(text: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or("");
+        let mut rest = code;
+        while let Some(at) = rest.find("crate::") {
+            let before = rest[..at].chars().last();
+            rest = &rest[at + "crate::".len()..];
+            if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+                continue;
+            }
+            let path: Vec<String> = rest
+                .split("::")
+                .map_while(|seg| {
+                    let ident: String = seg.chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                    (!ident.is_empty() && ident.len() == seg.len()).then_some(ident)
+                })
+                .collect();
+            // The last segment may be followed by more code (`crate::a::B {`).
+            let tail: String = rest
+                .split("::")
+                .nth(path.len())
+                .unwrap_or("")
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect();
+            let mut path = path;
+            if !tail.is_empty() {
+                path.push(tail);
+            }
+            out.push(path);
+        }
+    }
+    out
+}
+
+/// ARCHITECTURE.md's layering of `tocsin-node`: no file imports a file of a
+/// higher layer, and no two files import each other, directly or through
+/// others. Paths are resolved to the longest module prefix that is a file.
+#[test]
+fn node_layers_point_down_and_files_have_no_cycles() {
+    let src = root().join("crates/tocsin-node/src");
+    let files: Vec<PathBuf> = rust_files().into_iter().filter(|p| p.starts_with(&src)).collect();
+    let modules: BTreeMap<Vec<String>, String> = files
+        .iter()
+        .map(|p| (module_of(p.strip_prefix(&src).unwrap()), p.strip_prefix(&src).unwrap().display().to_string()))
+        .collect();
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    let mut problems = Vec::new();
+    for path in &files {
+        let rel = path.strip_prefix(&src).unwrap().display().to_string();
+        let module = module_of(path.strip_prefix(&src).unwrap());
+        let text = std::fs::read_to_string(path).unwrap();
+        for line in text.lines().map(str::trim) {
+            let code = line.split("//").next().unwrap_or("");
+            // Grouped and relative imports would hide edges from this check.
+            if code.contains("crate::{") {
+                problems.push(format!("{rel}: a grouped `crate::{{…}}` import; write one path per `use`"));
+            }
+            if code.contains("super::") && code != "use super::*;" {
+                problems.push(format!("{rel}: `super::` other than `use super::*;` in a test module: {code}"));
+            }
+        }
+        for p in crate_paths(&text) {
+            let target = (1..=p.len()).rev().map(|n| p[..n].to_vec()).find(|m| modules.contains_key(m));
+            let Some(target) = target else { continue };
+            if target == module || target.is_empty() {
+                continue;
+            }
+            let (from, to) = (node_layer(&module), node_layer(&target));
+            if to > from {
+                problems.push(format!("{rel} (layer {from}) imports {} (layer {to})", modules[&target]));
+            }
+            edges.entry(rel.clone()).or_default().insert(modules[&target].clone());
+        }
+    }
+    // Cycles: depth-first search, reporting the first cycle found.
+    fn visit(
+        n: &str,
+        edges: &BTreeMap<String, BTreeSet<String>>,
+        state: &mut BTreeMap<String, u8>,
+        stack: &mut Vec<String>,
+        cycles: &mut Vec<String>,
+    ) {
+        state.insert(n.to_string(), 1);
+        stack.push(n.to_string());
+        for m in edges.get(n).into_iter().flatten() {
+            match state.get(m.as_str()).copied().unwrap_or(0) {
+                0 => visit(m, edges, state, stack, cycles),
+                1 => {
+                    let at = stack.iter().position(|s| s == m).unwrap();
+                    cycles.push(format!("import cycle: {} → {m}", stack[at..].join(" → ")));
+                }
+                _ => {}
+            }
+        }
+        stack.pop();
+        state.insert(n.to_string(), 2);
+    }
+    let mut state = BTreeMap::new();
+    for n in edges.keys() {
+        if !state.contains_key(n.as_str()) {
+            visit(n, &edges, &mut state, &mut Vec::new(), &mut problems);
+        }
+    }
+    assert!(problems.is_empty(), "tocsin-node's layering (ARCHITECTURE.md):\n{}", problems.join("\n"));
+    // The check sees the crate: a file of each layer imports something.
+    assert!(edges.keys().any(|f| f.starts_with("api/")) && edges.keys().any(|f| f.starts_with("shard/")));
+}
+
+/// The wire contract and a webhook receiver link neither RocksDB nor
+/// openraft (the CLI's `server` feature is what brings them in).
+#[test]
+fn the_contract_links_no_storage_or_consensus() {
+    let graph = dependency_graph();
+    let deps = closure(&graph, "tocsin-contract");
+    for banned in ["librocksdb-sys", "rocksdb", "openraft", "tocsin-store", "tocsin-node"] {
+        assert!(!deps.contains(banned), "tocsin-contract links {banned}");
+    }
+    let cli = std::fs::read_to_string(root().join("crates/tocsin-cli/Cargo.toml")).unwrap();
+    assert!(
+        cli.contains("tocsin-node = { workspace = true, optional = true }")
+            && cli.contains("server = [\"dep:tocsin-node\"]"),
+        "tocsin-cli must link tocsin-node only through its `server` feature"
+    );
+    let sink = std::fs::read_to_string(root().join("crates/tocsin-cli/src/sink.rs")).unwrap();
+    assert!(!sink.contains("tocsin_node"), "the sink must build without the server");
 }

@@ -112,7 +112,7 @@ async fn every_rule_answers_the_right_code() {
     let dir = tempfile::tempdir().unwrap();
     let node = NodeProcess::start(dir.path(), &[]);
     let mut grpc = TimerServiceClient::connect(format!("http://{}", node.grpc)).await.unwrap();
-    let http = tocsin_node::delivery::http_client_builder().build().unwrap();
+    let http = tocsin_contract::tls::http_client_builder().build().unwrap();
     let base = format!("http://{}", node.http);
 
     // Phase: each bad create, both ways.
@@ -300,7 +300,7 @@ async fn rate_limit_and_disk_watermark_refuse_creates() {
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::ResourceExhausted);
     assert!(err.message().contains("free disk"), "{}", err.message());
-    let resp = tocsin_node::delivery::http_client_builder()
+    let resp = tocsin_contract::tls::http_client_builder()
         .build()
         .unwrap()
         .post(format!("http://{}/v1/timers", node.http))

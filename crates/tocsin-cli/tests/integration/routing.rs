@@ -12,7 +12,7 @@ use crate::support::NodeProcess;
 
 /// `tocsin_forwarded_requests_total` of the node whose HTTP API is `http`.
 async fn forwarded(http: &str) -> u64 {
-    let body = tocsin_node::delivery::http_client_builder()
+    let body = tocsin_contract::tls::http_client_builder()
         .build()
         .unwrap()
         .get(format!("http://{http}/metrics"))

@@ -37,18 +37,20 @@ use axum::routing::get;
 use axum::routing::post;
 use serde::de::DeserializeOwned;
 use serde_json::json;
+use tocsin_contract::codes;
+use tocsin_contract::json::CreateTimerJson;
+use tocsin_contract::json::CreateTimersJson;
+use tocsin_contract::json::ErrorJson;
+use tocsin_contract::json::RescheduleJson;
+use tocsin_contract::json::TimerJson;
 use tocsin_proto::v1 as pb;
 use tocsin_proto::v1::timer_service_server::TimerService;
 
 use crate::api::admin::AdminApi;
-use crate::api::error;
+
+use crate::api::parse;
 use crate::api::timers::TimerApi;
-use crate::json::CreateTimerJson;
-use crate::json::CreateTimersJson;
-use crate::json::ErrorJson;
-use crate::json::RescheduleJson;
-use crate::json::TimerJson;
-use crate::node::NodeState;
+use crate::control::state::NodeState;
 
 #[derive(Clone)]
 struct HttpState {
@@ -71,7 +73,7 @@ pub fn router(node: Arc<NodeState>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics_text))
-        .fallback(|| async { error_response(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route", "") })
+        .fallback(|| async { error_response(tonic::Code::NotFound, "no such route", "") })
         .layer(DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::map_response(move |resp: Response| async move { json_413(resp, max_body) }))
         .with_state(state)
@@ -84,12 +86,19 @@ fn json_413(resp: Response, max_body: usize) -> Response {
         return resp;
     }
     let message = format!("request body exceeds {max_body} bytes");
-    error_response(StatusCode::PAYLOAD_TOO_LARGE, "RESOURCE_EXHAUSTED", &message, "body")
+    error_with_status(StatusCode::PAYLOAD_TOO_LARGE, tonic::Code::ResourceExhausted, &message, "body")
 }
 
-fn error_response(status: StatusCode, code: &str, message: &str, field: &str) -> Response {
+/// The one JSON error shape, with the HTTP status the contract gives `code`.
+fn error_response(code: tonic::Code, message: &str, field: &str) -> Response {
+    error_with_status(codes::http_status(code), code, message, field)
+}
+
+/// The JSON error shape with a status of its own (413 for a body too large,
+/// which is RESOURCE_EXHAUSTED to a gRPC client).
+fn error_with_status(status: StatusCode, code: tonic::Code, message: &str, field: &str) -> Response {
     let body = ErrorJson {
-        code: code.into(),
+        code: codes::code_name(code).into(),
         message: message.into(),
         field: field.into(),
         leader: None,
@@ -101,8 +110,8 @@ fn error_response(status: StatusCode, code: &str, message: &str, field: &str) ->
 
 /// A gRPC status as an HTTP error response.
 fn status_response(status: tonic::Status) -> Response {
-    let info = error::info_of(&status);
-    let http = error::http_status(status.code());
+    let info = codes::info_of(&status);
+    let http = codes::http_status(status.code());
     let mut resp = (http, Json(json!({ "error": ErrorJson::from_info(&info) }))).into_response();
     if info.retry_after_ms > 0 {
         let secs = info.retry_after_ms.div_ceil(1000).to_string();
@@ -117,12 +126,22 @@ fn status_response(status: tonic::Status) -> Response {
 /// names the field) when it does not fit.
 fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, Response> {
     if body.is_empty() {
-        return Err(error_response(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", "request body is empty", "body"));
+        return Err(error_response(tonic::Code::InvalidArgument, "request body is empty", "body"));
     }
     serde_json::from_slice(body).map_err(|e| {
         let message = format!("malformed JSON: {e}");
-        error_response(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", &message, "body")
+        error_response(tonic::Code::InvalidArgument, &message, "body")
     })
+}
+
+/// A JSON body can carry both fire times, which the proto cannot: the one
+/// rule (`parse::fire_time`) decides here, and its refusal reads like any
+/// other error of the field (`context` names the batch item).
+fn fire_time_error(fire_at_ms: Option<u64>, delay_ms: Option<u64>, context: &str) -> Option<Response> {
+    let e = parse::fire_time(fire_at_ms, delay_ms).err()?;
+    let info = e.info();
+    let message = format!("{context}{}", info.message);
+    Some(error_response(e.code(), &message, &info.field))
 }
 
 async fn create(State(s): State<HttpState>, body: Bytes) -> Response {
@@ -130,13 +149,8 @@ async fn create(State(s): State<HttpState>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(resp) => return resp,
     };
-    if req.has_both_fire_times() {
-        return error_response(
-            StatusCode::BAD_REQUEST,
-            "INVALID_ARGUMENT",
-            "give fire_at_ms or delay_ms, not both",
-            "delay_ms",
-        );
+    if let Some(resp) = fire_time_error(req.fire_at_ms, req.delay_ms, "") {
+        return resp;
     }
     match s.timers.create_timer(tonic::Request::new(req.into_proto())).await {
         Ok(resp) => {
@@ -154,9 +168,10 @@ async fn create_batch(State(s): State<HttpState>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(resp) => return resp,
     };
-    if let Some(i) = req.timers.iter().position(CreateTimerJson::has_both_fire_times) {
-        let message = format!("timers[{i}]: give fire_at_ms or delay_ms, not both");
-        return error_response(StatusCode::BAD_REQUEST, "INVALID_ARGUMENT", &message, "delay_ms");
+    for (i, t) in req.timers.iter().enumerate() {
+        if let Some(resp) = fire_time_error(t.fire_at_ms, t.delay_ms, &format!("timers[{i}]: ")) {
+            return resp;
+        }
     }
     let timers = req.timers.into_iter().map(CreateTimerJson::into_proto).collect();
     match s.timers.create_timers(tonic::Request::new(pb::CreateTimersRequest { timers })).await {
@@ -207,16 +222,16 @@ async fn cancel(State(s): State<HttpState>, Path((namespace, id)): Path<(String,
                 body["fire_id"] = json!(fire.fire_id);
                 body["attempt"] = json!(fire.attempt);
             }
-            if outcome == "NOT_FOUND" {
+            if resp.outcome == pb::cancel_timer_response::Outcome::NotFound as i32 {
                 body["error"] = json!(ErrorJson {
-                    code: "NOT_FOUND".into(),
+                    code: codes::code_name(tonic::Code::NotFound).into(),
                     message: format!("no timer {key}"),
                     field: String::new(),
                     leader: None,
                     map_epoch: 0,
                     retry_after_ms: 0,
                 });
-                return (StatusCode::NOT_FOUND, Json(body)).into_response();
+                return (codes::http_status(tonic::Code::NotFound), Json(body)).into_response();
             }
             Json(body).into_response()
         }
@@ -227,22 +242,17 @@ async fn cancel(State(s): State<HttpState>, Path((namespace, id)): Path<(String,
 /// `POST /v1/timers/{namespace}/{id}:reschedule`.
 async fn action(State(s): State<HttpState>, Path((namespace, id)): Path<(String, String)>, body: Bytes) -> Response {
     let Some(id) = id.strip_suffix(":reschedule") else {
-        return error_response(StatusCode::NOT_FOUND, "NOT_FOUND", "no such route; did you mean {id}:reschedule", "");
+        return error_response(tonic::Code::NotFound, "no such route; did you mean {id}:reschedule", "");
     };
     let req: RescheduleJson = match parse(&body) {
         Ok(r) => r,
         Err(resp) => return resp,
     };
+    if let Some(resp) = fire_time_error(req.fire_at_ms, req.delay_ms, "") {
+        return resp;
+    }
     let fire_time = match (req.fire_at_ms, req.delay_ms) {
-        (Some(_), Some(_)) => {
-            return error_response(
-                StatusCode::BAD_REQUEST,
-                "INVALID_ARGUMENT",
-                "give fire_at_ms or delay_ms, not both",
-                "delay_ms",
-            );
-        }
-        (Some(at), None) => Some(pb::reschedule_timer_request::FireTime::FireAtMs(at)),
+        (Some(at), _) => Some(pb::reschedule_timer_request::FireTime::FireAtMs(at)),
         (None, Some(d)) => Some(pb::reschedule_timer_request::FireTime::DelayMs(d)),
         (None, None) => None,
     };
@@ -269,12 +279,7 @@ async fn list(
         match query.get(name) {
             None => Ok(0),
             Some(v) => v.parse().map_err(|_| {
-                error_response(
-                    StatusCode::BAD_REQUEST,
-                    "INVALID_ARGUMENT",
-                    &format!("{name} must be an unsigned integer"),
-                    name,
-                )
+                error_response(tonic::Code::InvalidArgument, &format!("{name} must be an unsigned integer"), name)
             }),
         }
     };
@@ -284,8 +289,7 @@ async fn list(
             Some(s) => s as i32,
             None => {
                 return error_response(
-                    StatusCode::BAD_REQUEST,
-                    "INVALID_ARGUMENT",
+                    tonic::Code::InvalidArgument,
                     &format!("unknown state {name:?}: use SCHEDULED, FIRING, DELIVERED, DEAD or CANCELLED"),
                     "state",
                 );
@@ -403,7 +407,11 @@ async fn ready(State(s): State<HttpState>) -> Response {
 }
 
 async fn metrics_text(State(s): State<HttpState>) -> Response {
-    s.node.refresh_gauges();
+    // The gauges read shard meta from RocksDB: off the async workers.
+    let node = s.node.clone();
+    if let Err(e) = tokio::task::spawn_blocking(move || node.refresh_gauges()).await {
+        tracing::warn!(error = %e, "refreshing the gauges failed");
+    }
     let text = s.node.metrics.as_ref().map(|h| h.render()).unwrap_or_default();
     ([("content-type", "text/plain; version=0.0.4")], text).into_response()
 }

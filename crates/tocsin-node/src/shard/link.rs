@@ -21,7 +21,7 @@
 //! Failure: a connection that fails or closes fails every call waiting on
 //! it (openraft sees `Unreachable` and backs off); the next call connects
 //! again. A connection that stays open but answers nothing while calls time
-//! out is replaced ([`LinkHealth`](crate::raft)); a reply that comes after
+//! out is replaced ([`LinkHealth`](crate::shard::raft)); a reply that comes after
 //! its caller stopped waiting still measures the peer's clock.
 
 use std::collections::HashMap;

@@ -210,12 +210,6 @@ impl CreateTimerJson {
             retry: self.retry.map(RetryJson::into_proto),
         }
     }
-
-    /// Both fire_at_ms and delay_ms given: refused, as the proto's oneof
-    /// cannot carry both.
-    pub fn has_both_fire_times(&self) -> bool {
-        self.fire_at_ms.is_some() && self.delay_ms.is_some()
-    }
 }
 
 #[derive(Debug, Default, Deserialize, Serialize)]

@@ -34,9 +34,9 @@ use tocsin_proto::v1 as pb;
 use tokio::sync::mpsc;
 use tonic::Status;
 
-use crate::api::error::ApiError;
-use crate::node::NodeState;
-use crate::view::ClusterView;
+use crate::control::state::NodeState;
+use crate::control::view::ClusterView;
+use crate::error::NodeError;
 
 /// How long an operation waits for the replicas while none of them moves
 /// into place; past it, it reports what is still moving and stops
@@ -138,7 +138,7 @@ impl Reporter {
         let _ = self.tx.send(Ok(self.progress("done", message, true))).await;
     }
 
-    pub async fn fail(&self, error: ApiError) {
+    pub async fn fail(&self, error: NodeError) {
         tracing::warn!(error = %error, "cluster operation failed");
         let _ = self.tx.send(Err(error.into())).await;
     }
@@ -147,20 +147,20 @@ impl Reporter {
 /// Plans against the latest map and commits the plan, planning again if the
 /// map changed meanwhile. `plan` returns `None` when there is nothing to
 /// change. Returns the map after the change.
-async fn commit<F>(node: &Arc<NodeState>, rep: &mut Reporter, what: &str, plan: F) -> Result<ClusterMap, ApiError>
+async fn commit<F>(node: &Arc<NodeState>, rep: &mut Reporter, what: &str, plan: F) -> Result<ClusterMap, NodeError>
 where
-    F: Fn(&ClusterMap, &ClusterView) -> Result<Option<MapChange>, ApiError>,
+    F: Fn(&ClusterMap, &ClusterView) -> Result<Option<MapChange>, NodeError>,
 {
     let mut attempts = 0;
     let bootstrap_deadline = Instant::now() + BOOTSTRAP_WAIT;
     while attempts < PLAN_ATTEMPTS {
-        let map = crate::meta::read_latest(node).await?;
+        let map = crate::control::meta::read_latest(node).await?;
         rep.map_epoch = map.epoch;
         if !map.is_bootstrapped() {
             // A cluster that just started: its metadata leader writes the
             // first map within a moment.
             if Instant::now() > bootstrap_deadline {
-                return Err(ApiError::unavailable(
+                return Err(NodeError::unavailable(
                     format!("the cluster map is still not bootstrapped after {BOOTSTRAP_WAIT:?}; see the nodes' logs"),
                     1000,
                 ));
@@ -169,39 +169,39 @@ where
             continue;
         }
         attempts += 1;
-        let view = crate::view::gather(node, VIEW_TIMEOUT).await;
+        let view = crate::control::report::gather(node, VIEW_TIMEOUT).await;
         let Some(change) = plan(&map, &view)? else { return Ok(map) };
-        match crate::meta::propose(node, ClusterCommand::Change(change)).await? {
+        match crate::control::meta::propose(node, ClusterCommand::Change(change)).await? {
             ClusterOutcome::Changed { epoch } => {
                 rep.map_epoch = epoch;
                 rep.say("map", format!("{what}: the cluster map is now at epoch {epoch}")).await;
-                return crate::meta::read_latest(node).await;
+                return crate::control::meta::read_latest(node).await;
             }
             ClusterOutcome::Unchanged { .. } => return Ok(map),
             ClusterOutcome::Refused { error: MapError::StaleEpoch { .. }, .. } => continue,
             ClusterOutcome::Refused { error, .. } => return Err(refusal(error)),
         }
     }
-    Err(ApiError::unavailable(
+    Err(NodeError::unavailable(
         format!("the cluster map kept changing while planning ({PLAN_ATTEMPTS} attempts); run the command again"),
         1000,
     ))
 }
 
-fn refusal(error: MapError) -> ApiError {
+fn refusal(error: MapError) -> NodeError {
     match error {
         MapError::IdRetired { .. } | MapError::IdTaken { .. } | MapError::AddressTaken { .. } => {
-            ApiError::AlreadyExists(error.to_string())
+            NodeError::AlreadyExists(error.to_string())
         }
-        other => ApiError::FailedPrecondition(other.to_string()),
+        other => NodeError::FailedPrecondition(other.to_string()),
     }
 }
 
 /// Refuses a plan any of whose moves would cost its shard a quorum.
-fn check_quorum(view: &ClusterView, map: &ClusterMap, plan: &Plan) -> Result<(), ApiError> {
+fn check_quorum(view: &ClusterView, map: &ClusterMap, plan: &Plan) -> Result<(), NodeError> {
     for m in moves(view, map, plan) {
         if let Some(problem) = quorum_problem(&m, &view.reachable) {
-            return Err(ApiError::FailedPrecondition(format!("refusing to start: {problem}")));
+            return Err(NodeError::FailedPrecondition(format!("refusing to start: {problem}")));
         }
     }
     Ok(())
@@ -216,7 +216,7 @@ async fn converge(
     rep: &mut Reporter,
     shards: &BTreeSet<ShardId>,
     also: impl Fn(&ClusterView) -> Option<String>,
-) -> Result<(), ApiError> {
+) -> Result<(), NodeError> {
     rep.total = shards.len() as u32;
     rep.done = 0;
     let mut landed: BTreeSet<ShardId> = BTreeSet::new();
@@ -226,7 +226,7 @@ async fn converge(
     let mut waiting_on = String::new();
     loop {
         let map = node.map.get();
-        let view = crate::view::gather(node, VIEW_TIMEOUT).await;
+        let view = crate::control::report::gather(node, VIEW_TIMEOUT).await;
         let before = bytes_before.get_or_insert_with(|| {
             shards.iter().map(|s| (*s, view.shards.get(*s as usize).map_or(0, |v| v.snapshot_bytes))).collect()
         });
@@ -270,14 +270,14 @@ async fn converge(
             if let Some(what) = pending {
                 message.push_str(&format!("; also {what}"));
             }
-            return Err(ApiError::unavailable(message, 1000));
+            return Err(NodeError::unavailable(message, 1000));
         }
         tokio::time::sleep(POLL).await;
     }
 }
 
 /// Records `status` for `id` unless the metadata leader did it already.
-async fn set_status(node: &Arc<NodeState>, rep: &mut Reporter, id: u64, status: NodeStatus) -> Result<(), ApiError> {
+async fn set_status(node: &Arc<NodeState>, rep: &mut Reporter, id: u64, status: NodeStatus) -> Result<(), NodeError> {
     commit(node, rep, &format!("node {id} is {}", status.name()), |map, _| {
         Ok((map.status(id) != Some(status)).then(|| MapChange {
             expected_epoch: map.epoch,
@@ -303,11 +303,11 @@ async fn add_node_steps(
     grpc_addr: String,
     http_addr: String,
     rep: &mut Reporter,
-) -> Result<(), ApiError> {
+) -> Result<(), NodeError> {
     let info = fetch_info(node, &grpc_addr).await?;
     let new = info.node_id;
     if info.num_shards != node.config.num_shards {
-        return Err(ApiError::FailedPrecondition(format!(
+        return Err(NodeError::FailedPrecondition(format!(
             "node {new} at {grpc_addr} has {} shards, the cluster {}; start it with --shards {}",
             info.num_shards, node.config.num_shards, node.config.num_shards
         )));
@@ -323,7 +323,7 @@ async fn add_node_steps(
     let map = commit(node, rep, &format!("adding node {new}"), |map, view| {
         match map.status(new) {
             None if !hosts.is_empty() => {
-                return Err(ApiError::FailedPrecondition(format!(
+                return Err(NodeError::FailedPrecondition(format!(
                     "node {new} at {grpc_addr} already hosts shards {hosts:?} of some cluster; start it with --join on an empty data directory"
                 )));
             }
@@ -331,7 +331,7 @@ async fn add_node_steps(
                 return Err(refusal(MapError::IdRetired { id: new, epoch: map.nodes[&new].since_epoch }));
             }
             Some(NodeStatus::Draining) => {
-                return Err(ApiError::FailedPrecondition(format!(
+                return Err(NodeError::FailedPrecondition(format!(
                     "node {new} is draining; finish its removal with `tocsin admin node remove {new}` first"
                 )));
             }
@@ -379,21 +379,21 @@ pub async fn remove_node(node: Arc<NodeState>, gone: u64, dead: bool, mut rep: R
     }
 }
 
-async fn remove_node_steps(node: &Arc<NodeState>, gone: u64, dead: bool, rep: &mut Reporter) -> Result<(), ApiError> {
+async fn remove_node_steps(node: &Arc<NodeState>, gone: u64, dead: bool, rep: &mut Reporter) -> Result<(), NodeError> {
     let verb = if dead { "decommission" } else { "remove" };
     let map = commit(node, rep, &format!("draining node {gone}"), |map, view| {
         match map.status(gone) {
-            None => return Err(ApiError::NotFound(format!("node {gone} is not in the cluster map"))),
+            None => return Err(NodeError::NotFound(format!("node {gone} is not in the cluster map"))),
             Some(NodeStatus::Removed) | Some(NodeStatus::Draining) => return Ok(None),
             Some(_) => {}
         }
         if map.eligible().len() == 1 {
-            return Err(ApiError::FailedPrecondition(format!(
+            return Err(NodeError::FailedPrecondition(format!(
                 "node {gone} is the last node: removing it would lose every shard"
             )));
         }
         if !dead && !view.reachable.contains(&gone) {
-            return Err(ApiError::FailedPrecondition(format!(
+            return Err(NodeError::FailedPrecondition(format!(
                 "node {gone} does not answer; to replace a dead node's replicas run `tocsin admin node decommission {gone}`"
             )));
         }
@@ -416,7 +416,7 @@ async fn remove_node_steps(node: &Arc<NodeState>, gone: u64, dead: bool, rep: &m
         return Ok(());
     }
     // Every shard the node still holds moves; so does the metadata group.
-    let view = crate::view::gather(node, VIEW_TIMEOUT).await;
+    let view = crate::control::report::gather(node, VIEW_TIMEOUT).await;
     let shards: BTreeSet<ShardId> = (0..map.num_shards)
         .filter(|s| {
             let v = &view.shards[*s as usize];
@@ -428,7 +428,7 @@ async fn remove_node_steps(node: &Arc<NodeState>, gone: u64, dead: bool, rep: &m
         if view.holds_any(gone) {
             return Some(format!("node {gone} still holds a replica"));
         }
-        let meta = crate::meta::status(node);
+        let meta = node.meta_status();
         meta.voters.contains(&gone).then(|| format!("node {gone} is still a voter of the metadata group"))
     })
     .await?;
@@ -451,9 +451,9 @@ pub async fn move_shard(node: Arc<NodeState>, shard: ShardId, from: u64, to: u64
         let map = commit(&node, &mut rep, &format!("moving shard {shard}"), |map, view| {
             let Some(planned) = tocsin_core::cluster::plan_move(map, shard, from, to).map_err(|e| match e {
                 MapError::UnknownNode(n) => {
-                    ApiError::invalid("to_node", format!("node {n} is not known; add it with `tocsin admin node add`"))
+                    NodeError::invalid("to_node", format!("node {n} is not known; add it with `tocsin admin node add`"))
                 }
-                other => ApiError::FailedPrecondition(other.to_string()),
+                other => NodeError::FailedPrecondition(other.to_string()),
             })?
             else {
                 return Ok(None);
@@ -464,7 +464,7 @@ pub async fn move_shard(node: Arc<NodeState>, shard: ShardId, from: u64, to: u64
         })
         .await?;
         converge(&node, &mut rep, &BTreeSet::from([shard]), |_| None).await?;
-        Ok::<_, ApiError>(map)
+        Ok::<_, NodeError>(map)
     };
     match steps.await {
         Ok(map) => rep.finish(format!("shard {shard} is on {:?}; map epoch {}", map.replicas(shard), map.epoch)).await,
@@ -476,7 +476,7 @@ pub async fn move_shard(node: Arc<NodeState>, shard: ShardId, from: u64, to: u64
 /// balancer evens out leaderships afterwards.
 pub async fn rebalance(node: Arc<NodeState>, dry_run: bool, mut rep: Reporter) {
     if dry_run {
-        let result = crate::meta::read_latest(&node).await;
+        let result = crate::control::meta::read_latest(&node).await;
         let map = match result {
             Ok(map) => map,
             Err(e) => return rep.fail(e).await,
@@ -487,7 +487,7 @@ pub async fn rebalance(node: Arc<NodeState>, dry_run: bool, mut rep: Reporter) {
         for (shard, to) in &plan {
             rep.say("plan", format!("shard {shard}: {:?} -> {to:?}", map.replicas(*shard))).await;
         }
-        let view = crate::view::gather(&node, VIEW_TIMEOUT).await;
+        let view = crate::control::report::gather(&node, VIEW_TIMEOUT).await;
         return rep.finish(format!("rebalance would move {} shards; {}", plan.len(), leader_counts(&view))).await;
     }
     let mut planned = 0usize;
@@ -502,15 +502,15 @@ pub async fn rebalance(node: Arc<NodeState>, dry_run: bool, mut rep: Reporter) {
         })
         .await?;
         // Whatever this or an earlier run changed and is not in place yet.
-        let view = crate::view::gather(&node, VIEW_TIMEOUT).await;
+        let view = crate::control::report::gather(&node, VIEW_TIMEOUT).await;
         let shards: BTreeSet<ShardId> = (0..map.num_shards).filter(|s| !view.in_place(*s, map.replicas(*s))).collect();
         planned = shards.len();
         converge(&node, &mut rep, &shards, |_| None).await?;
-        Ok::<_, ApiError>(())
+        Ok::<_, NodeError>(())
     };
     match steps.await {
         Ok(()) => {
-            let view = crate::view::gather(&node, VIEW_TIMEOUT).await;
+            let view = crate::control::report::gather(&node, VIEW_TIMEOUT).await;
             rep.finish(format!("rebalanced {planned} shards; {}; map epoch {}", leader_counts(&view), rep.map_epoch))
                 .await
         }
@@ -532,7 +532,7 @@ fn leader_counts(view: &ClusterView) -> String {
 async fn wait_for_leaders(node: &Arc<NodeState>, id: u64, timeout: Duration) -> usize {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        let view = crate::view::gather(node, VIEW_TIMEOUT).await;
+        let view = crate::control::report::gather(node, VIEW_TIMEOUT).await;
         let led = view.shards.iter().filter(|s| s.leader == id).count();
         if led > 0 || tokio::time::Instant::now() > deadline {
             return led;
@@ -548,7 +548,7 @@ async fn sweep(node: &Arc<NodeState>, gone: u64) {
     let map = node.map.get();
     let Some(addr) = map.nodes.get(&gone).map(|n| n.grpc_addr.clone()) else { return };
     let Ok(info) = fetch_info(node, &addr).await else { return };
-    let Ok(mut client) = crate::replicas::control_client(&addr, Duration::from_secs(10)).await else { return };
+    let Ok(mut client) = crate::control::replicas::control_client(&addr, Duration::from_secs(10)).await else { return };
     for s in info.shards {
         let voters = map.replicas(s.shard).to_vec();
         if voters.is_empty() || voters.contains(&gone) {
@@ -569,11 +569,11 @@ async fn sweep(node: &Arc<NodeState>, gone: u64) {
     }
 }
 
-async fn fetch_info(node: &NodeState, grpc_addr: &str) -> Result<pb::ClusterInfo, ApiError> {
+async fn fetch_info(node: &NodeState, grpc_addr: &str) -> Result<pb::ClusterInfo, NodeError> {
     use tocsin_proto::v1::admin_service_client::AdminServiceClient;
-    let unreachable = |e: String| ApiError::unavailable(format!("cannot reach the node at {grpc_addr}: {e}"), 1000);
+    let unreachable = |e: String| NodeError::unavailable(format!("cannot reach the node at {grpc_addr}: {e}"), 1000);
     tonic::transport::Endpoint::from_shared(format!("http://{grpc_addr}"))
-        .map_err(|e| ApiError::invalid("grpc_addr", format!("{grpc_addr:?} is not host:port: {e}")))?;
+        .map_err(|e| NodeError::invalid("grpc_addr", format!("{grpc_addr:?} is not host:port: {e}")))?;
     let channel = node.forwarder.channel(grpc_addr).ok_or_else(|| unreachable("bad address".into()))?;
     let mut admin = AdminServiceClient::new(channel);
     let call = admin.get_cluster(pb::GetClusterRequest { digests: false });

@@ -1,5 +1,12 @@
-//! One shard as this node hosts it: its Raft group, its proposer, and
-//! whether (and under which epoch) this node leads it.
+//! The shard layer (the data plane): Raft groups and their transport
+//! ([`raft`], [`link`]), batching commands into entries ([`proposer`]),
+//! following the applied log ([`events`]), the leader's fire loop
+//! ([`leader`]) and delivery ([`delivery`]). It knows nothing of the
+//! control plane or the API above it.
+//!
+//! This file is one shard as this node hosts it ([`ShardCtx`]): its Raft
+//! group, its proposer, and whether (and under which epoch) this node leads
+//! it.
 //!
 //! Leadership here is stricter than openraft's: a node *leads* a shard for
 //! firing purposes only after its own `LeaderEpoch` entry is applied, and
@@ -8,6 +15,13 @@
 //! loses its quorum, so the lease check guards every delivery batch; and a
 //! node whose clock its peers see off by more than the allowed offset
 //! dispatches nothing (see `clock.rs`).
+
+pub mod delivery;
+pub mod events;
+pub mod leader;
+pub mod link;
+pub mod proposer;
+pub mod raft;
 
 use openraft::async_runtime::WatchReceiver as _;
 use std::sync::Arc;
@@ -24,8 +38,8 @@ use tokio::sync::watch;
 
 use crate::clock::Clock;
 use crate::config::NodeConfig;
-use crate::events::EventSink;
-use crate::proposer::Proposer;
+use crate::shard::events::EventSink;
+use crate::shard::proposer::Proposer;
 
 /// How many recent fire lateness samples a shard keeps for its status.
 pub const LATENESS_SAMPLES: usize = 2048;
@@ -176,6 +190,22 @@ impl ShardCtx {
         let leader = metrics.current_leader?;
         let node = metrics.membership_config.membership().get_node(&leader).cloned()?;
         Some((leader, node))
+    }
+
+    /// Refuses, pointing at the leader, unless this node leads the shard by
+    /// openraft's account. A write checks this before it is charged
+    /// admission, so a request that ends up forwarded is charged only on
+    /// the node that proposes it.
+    pub fn check_leader(&self) -> Result<(), crate::shard::proposer::ProposeError> {
+        let leads = {
+            let metrics = self.raft.metrics();
+            let m = metrics.borrow_watched();
+            m.state == ServerState::Leader && m.current_leader == Some(self.node_id)
+        };
+        if leads {
+            return Ok(());
+        }
+        Err(crate::shard::proposer::ProposeError::NotLeader { leader: self.leader_hint() })
     }
 
     /// Asks a quorum whether this node still leads (a ReadIndex round).

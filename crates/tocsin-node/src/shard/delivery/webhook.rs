@@ -19,7 +19,7 @@
 //!   attempt. Recording an outcome is retried while this node still leads
 //!   under the attempt's epoch.
 //!
-//! [`Delivery`]: crate::json::DeliveryJson
+//! [`Delivery`]: tocsin_contract::json::DeliveryJson
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -28,17 +28,18 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use tocsin_contract::headers;
+use tocsin_contract::json::DeliveryJson;
+use tocsin_contract::signing;
 use tocsin_core::Command;
 use tocsin_core::TimerKey;
 use tocsin_core::TimerRecord;
 use tocsin_core::command::AttemptOutcome;
 use tokio::sync::Semaphore;
 
-use crate::proposer::ProposeError;
+use crate::shard::proposer::ProposeError;
 
 use crate::config::DeliveryConfig;
-use crate::delivery::signing;
-use crate::json::DeliveryJson;
 use crate::shard::ShardCtx;
 
 /// Time kept free before an attempt's deadline to record its outcome.
@@ -78,7 +79,7 @@ pub struct WebhookSender {
 
 impl WebhookSender {
     pub fn new(config: DeliveryConfig, secrets: HashMap<String, Vec<u8>>) -> Result<WebhookSender, reqwest::Error> {
-        let client = super::http_client_builder()
+        let client = tocsin_contract::tls::http_client_builder()
             .timeout(Duration::from_millis(config.webhook_timeout_ms))
             .connect_timeout(Duration::from_millis(config.webhook_timeout_ms.min(5_000)))
             .pool_max_idle_per_host(config.per_endpoint_concurrency)
@@ -224,10 +225,10 @@ impl WebhookSender {
             .post(url)
             .timeout(Duration::from_millis(left_ms.min(self.config.webhook_timeout_ms)))
             .header("content-type", "application/json")
-            .header("webhook-id", &fire_id)
-            .header("webhook-timestamp", timestamp_s.to_string());
+            .header(headers::WEBHOOK_ID, &fire_id)
+            .header(headers::WEBHOOK_TIMESTAMP, timestamp_s.to_string());
         if let Some(secret) = self.secrets.get(&key.namespace) {
-            request = request.header("webhook-signature", signing::sign(secret, &fire_id, timestamp_s, &body));
+            request = request.header(headers::WEBHOOK_SIGNATURE, signing::sign(secret, &fire_id, timestamp_s, &body));
         }
         let started = std::time::Instant::now();
         let response = request.body(body).send().await;

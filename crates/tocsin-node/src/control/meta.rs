@@ -20,8 +20,6 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::sync::RwLock;
-use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -38,11 +36,10 @@ use tocsin_core::cluster::NodeStatus;
 use tocsin_proto::v1 as pb;
 use tocsin_proto::v1::replica_control_client::ReplicaControlClient;
 use tocsin_store::NodeAddr;
-use tocsin_store::Raft;
 
-use crate::api::error::ApiError;
-use crate::node::NodeState;
-use crate::view::ClusterView;
+use crate::control::state::NodeState;
+use crate::control::view::ClusterView;
+use crate::error::NodeError;
 
 /// How long a cluster command or a linearizable map read keeps trying to
 /// reach the metadata leader (an election takes well under this).
@@ -50,112 +47,9 @@ const META_DEADLINE: Duration = Duration::from_secs(10);
 /// Deadline of one metadata RPC.
 const META_RPC_TIMEOUT: Duration = Duration::from_secs(3);
 
-/// The metadata group as hosted on this node.
-pub struct MetaCtx {
-    pub node_id: u64,
-    pub raft: Raft,
-    /// Held while this node changes the group's voters.
-    pub membership_change: tokio::sync::Mutex<()>,
-    /// Whether a voter change started by [`drive`] is still running.
-    changing: AtomicBool,
-}
-
-impl MetaCtx {
-    pub fn new(node_id: u64, raft: Raft) -> MetaCtx {
-        MetaCtx { node_id, raft, membership_change: tokio::sync::Mutex::new(()), changing: AtomicBool::new(false) }
-    }
-
-    /// Whether this node leads the metadata group by openraft's account.
-    pub fn is_leader(&self) -> bool {
-        let m = self.raft.metrics().borrow_watched().clone();
-        m.state == openraft::ServerState::Leader && m.current_leader == Some(self.node_id)
-    }
-
-    /// The group's voters, leader and addresses, from this replica.
-    pub fn status(&self) -> pb::MetadataStatus {
-        let m = self.raft.metrics().borrow_watched().clone();
-        let membership = m.membership_config.membership();
-        pb::MetadataStatus {
-            voters: membership.voter_ids().collect(),
-            leader: m.current_leader.unwrap_or(0),
-            term: m.current_term,
-            hosted: true,
-            committed_index: m.local_committed.map_or(0, |l| l.index),
-            applied_index: m.last_applied.map_or(0, |l| l.index),
-            nodes: membership
-                .nodes()
-                .map(|(id, a)| pb::NodeInfo {
-                    node_id: *id,
-                    grpc_addr: a.grpc_addr.clone(),
-                    http_addr: a.http_addr.clone(),
-                    ..Default::default()
-                })
-                .collect(),
-        }
-    }
-}
-
-/// The newest cluster map this node knows, and where the metadata group is.
-#[derive(Default)]
-pub struct MapCache {
-    map: RwLock<Arc<ClusterMap>>,
-    /// The metadata group as last learned: for nodes that host no replica.
-    route: RwLock<pb::MetadataStatus>,
-    /// The highest epoch a request or peer has shown this node; above the
-    /// cached one, the next refresh asks the metadata voters.
-    wanted: std::sync::atomic::AtomicU64,
-    /// Wakes the reconcile loop for an early refresh.
-    pub stale: tokio::sync::Notify,
-}
-
-impl MapCache {
-    pub fn get(&self) -> Arc<ClusterMap> {
-        self.map.read().expect("map lock").clone()
-    }
-
-    /// Takes `map` if it is newer than the cached one; epochs never go back.
-    pub fn learn(&self, map: ClusterMap) -> bool {
-        let mut cached = self.map.write().expect("map lock");
-        if map.epoch > cached.epoch {
-            tracing::info!(from = cached.epoch, to = map.epoch, "learned a newer cluster map");
-            metrics::gauge!("tocsin_map_epoch").set(map.epoch as f64);
-            *cached = Arc::new(map);
-            return true;
-        }
-        false
-    }
-
-    /// Someone routed by `epoch`: if that is newer than the cache, refresh
-    /// soon.
-    pub fn saw_epoch(&self, epoch: u64) {
-        if epoch > self.get().epoch && epoch > self.wanted.fetch_max(epoch, Ordering::SeqCst) {
-            self.stale.notify_one();
-        }
-    }
-
-    pub fn route(&self) -> pb::MetadataStatus {
-        self.route.read().expect("route lock").clone()
-    }
-
-    fn learn_route(&self, status: &pb::MetadataStatus) {
-        let mut route = self.route.write().expect("route lock");
-        if status.term >= route.term && !status.voters.is_empty() {
-            *route = status.clone();
-        }
-    }
-}
-
-/// The metadata group's status as this node knows it.
-pub fn status(node: &NodeState) -> pb::MetadataStatus {
-    match node.meta() {
-        Some(ctx) => ctx.status(),
-        None => pb::MetadataStatus { hosted: false, ..node.map.route() },
-    }
-}
-
 /// Where to send metadata calls: the known leader first, then every voter.
 fn candidates(node: &NodeState) -> Vec<(u64, String)> {
-    let status = status(node);
+    let status = node.meta_status();
     let addr_of = |id: u64| {
         status
             .nodes
@@ -200,8 +94,8 @@ async fn client(node: &NodeState, addr: &str) -> Option<ReplicaControlClient<ton
     Some(ReplicaControlClient::new(node.forwarder.channel(addr)?))
 }
 
-fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    postcard::from_bytes(bytes).map_err(|e| ApiError::Internal(format!("decoding a metadata answer: {e}")))
+fn decode<T: serde::de::DeserializeOwned>(bytes: &[u8]) -> Result<T, NodeError> {
+    postcard::from_bytes(bytes).map_err(|e| NodeError::Internal(format!("decoding a metadata answer: {e}")))
 }
 
 pub fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
@@ -209,15 +103,15 @@ pub fn encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
 }
 
 /// Applies `cmd` at this node, which must lead the metadata group.
-async fn propose_here(node: &NodeState, cmd: ClusterCommand) -> Result<(ClusterOutcome, u64), ApiError> {
+async fn propose_here(node: &NodeState, cmd: ClusterCommand) -> Result<(ClusterOutcome, u64), NodeError> {
     let Some(ctx) = node.meta().filter(|c| c.is_leader()) else {
-        return Err(ApiError::unavailable("this node does not lead the metadata group", 100));
+        return Err(NodeError::unavailable("this node does not lead the metadata group", 100));
     };
     let proposal = Proposal { now_ms: node.clock.now_ms(), commands: vec![Command::Cluster(cmd)] };
     let resp = tokio::time::timeout(META_RPC_TIMEOUT, ctx.raft.client_write(proposal))
         .await
-        .map_err(|_| ApiError::unavailable("the metadata group did not commit in time; the outcome is unknown", 500))?
-        .map_err(|e| ApiError::unavailable(format!("the metadata group refused the write: {e}"), 200))?;
+        .map_err(|_| NodeError::unavailable("the metadata group did not commit in time; the outcome is unknown", 500))?
+        .map_err(|e| NodeError::unavailable(format!("the metadata group refused the write: {e}"), 200))?;
     let index = resp.log_id.index;
     match resp.data.results.into_iter().next() {
         Some(CommandResult::Cluster(outcome)) => {
@@ -225,22 +119,22 @@ async fn propose_here(node: &NodeState, cmd: ClusterCommand) -> Result<(ClusterO
             node.local_map().await;
             Ok((outcome, index))
         }
-        other => Err(ApiError::Internal(format!("unexpected metadata result {other:?}"))),
+        other => Err(NodeError::Internal(format!("unexpected metadata result {other:?}"))),
     }
 }
 
 /// The server side of `ProposeCluster`.
-pub async fn serve_propose(node: &NodeState, command: &[u8]) -> Result<pb::ProposeClusterResponse, ApiError> {
+pub async fn serve_propose(node: &NodeState, command: &[u8]) -> Result<pb::ProposeClusterResponse, NodeError> {
     let cmd: ClusterCommand = decode(command)?;
     let (outcome, applied_index) = propose_here(node, cmd).await.map_err(|e| with_leader_hint(node, e))?;
     Ok(pb::ProposeClusterResponse { outcome: encode(&outcome).into(), applied_index })
 }
 
 /// Points an UNAVAILABLE answer at the metadata leader, if known.
-fn with_leader_hint(node: &NodeState, e: ApiError) -> ApiError {
+fn with_leader_hint(node: &NodeState, e: NodeError) -> NodeError {
     match e {
-        ApiError::Unavailable { message, leader: None, retry_after_ms } => {
-            let s = status(node);
+        NodeError::Unavailable { message, leader: None, retry_after_ms } => {
+            let s = node.meta_status();
             let leader =
                 s.nodes.iter().find(|n| n.node_id == s.leader && s.leader != node.node_id).map(|n| pb::LeaderHint {
                     shard: 0,
@@ -248,7 +142,7 @@ fn with_leader_hint(node: &NodeState, e: ApiError) -> ApiError {
                     grpc_addr: n.grpc_addr.clone(),
                     http_addr: n.http_addr.clone(),
                 });
-            ApiError::Unavailable { message, leader, retry_after_ms }
+            NodeError::Unavailable { message, leader, retry_after_ms }
         }
         other => other,
     }
@@ -256,10 +150,10 @@ fn with_leader_hint(node: &NodeState, e: ApiError) -> ApiError {
 
 /// Runs `call` against the metadata leader (here, or the candidates in
 /// turn, following leader hints) until it answers or [`META_DEADLINE`].
-async fn at_leader<T, L, LF, R, RF>(node: &NodeState, local: L, remote: R) -> Result<T, ApiError>
+async fn at_leader<T, L, LF, R, RF>(node: &NodeState, local: L, remote: R) -> Result<T, NodeError>
 where
     L: Fn() -> LF,
-    LF: std::future::Future<Output = Result<T, ApiError>>,
+    LF: std::future::Future<Output = Result<T, NodeError>>,
     R: Fn(ReplicaControlClient<tonic::transport::Channel>) -> RF,
     RF: std::future::Future<Output = Result<T, tonic::Status>>,
 {
@@ -269,7 +163,7 @@ where
         if node.meta().is_some_and(|c| c.is_leader()) {
             match local().await {
                 Ok(v) => return Ok(v),
-                Err(e @ ApiError::Unavailable { .. }) => last = e.to_string(),
+                Err(e @ NodeError::Unavailable { .. }) => last = e.to_string(),
                 Err(e) => return Err(e),
             }
         } else {
@@ -279,14 +173,14 @@ where
                 match tokio::time::timeout(META_RPC_TIMEOUT, remote(c)).await {
                     Ok(Ok(v)) => return Ok(v),
                     Ok(Err(status)) if status.code() == tonic::Code::Unavailable => {
-                        let info = crate::api::error::info_of(&status);
+                        let info = tocsin_contract::codes::info_of(&status);
                         hint = info.leader.map(|l| l.grpc_addr).filter(|a| !a.is_empty());
                         last = format!("node {id}: {}", status.message());
                         if hint.is_some() {
                             break;
                         }
                     }
-                    Ok(Err(status)) => return Err(ApiError::from_status(&status)),
+                    Ok(Err(status)) => return Err(NodeError::from_status(&status)),
                     Err(_) => last = format!("node {id} did not answer within {META_RPC_TIMEOUT:?}"),
                 }
             }
@@ -298,7 +192,7 @@ where
             }
         }
         if tokio::time::Instant::now() > deadline {
-            return Err(ApiError::unavailable(format!("the metadata group has no reachable leader: {last}"), 1000));
+            return Err(NodeError::unavailable(format!("the metadata group has no reachable leader: {last}"), 1000));
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
         refresh(node).await;
@@ -307,7 +201,7 @@ where
 
 /// Proposes `cmd` to the metadata group and returns what it did. The map
 /// it produced is in this node's cache when this returns.
-pub async fn propose(node: &NodeState, cmd: ClusterCommand) -> Result<ClusterOutcome, ApiError> {
+pub async fn propose(node: &NodeState, cmd: ClusterCommand) -> Result<ClusterOutcome, NodeError> {
     let bytes = encode(&cmd);
     let (outcome, _) = at_leader(
         node,
@@ -330,33 +224,33 @@ pub async fn propose(node: &NodeState, cmd: ClusterCommand) -> Result<ClusterOut
 }
 
 /// The map as of a linearizable read at this node, which must lead.
-async fn read_here(node: &NodeState) -> Result<(ClusterMap, pb::MetadataStatus), ApiError> {
+async fn read_here(node: &NodeState) -> Result<(ClusterMap, pb::MetadataStatus), NodeError> {
     let Some(ctx) = node.meta().filter(|c| c.is_leader()) else {
-        return Err(ApiError::unavailable("this node does not lead the metadata group", 100));
+        return Err(NodeError::unavailable("this node does not lead the metadata group", 100));
     };
     tokio::time::timeout(META_RPC_TIMEOUT, ctx.raft.ensure_linearizable(openraft::ReadPolicy::ReadIndex))
         .await
-        .map_err(|_| ApiError::unavailable("the metadata leader could not confirm its leadership in time", 300))?
+        .map_err(|_| NodeError::unavailable("the metadata leader could not confirm its leadership in time", 300))?
         .map_err(|e| {
-            ApiError::unavailable(format!("the metadata leader could not confirm its leadership: {e}"), 300)
+            NodeError::unavailable(format!("the metadata leader could not confirm its leadership: {e}"), 300)
         })?;
-    let map = node.local_map().await.ok_or_else(|| ApiError::Internal("reading the cluster map failed".into()))?;
+    let map = node.local_map().await.ok_or_else(|| NodeError::Internal("reading the cluster map failed".into()))?;
     Ok((map, ctx.status()))
 }
 
 /// The server side of `ReadClusterMap`.
-pub async fn serve_read(node: &NodeState, linearizable: bool) -> Result<pb::ReadClusterMapResponse, ApiError> {
+pub async fn serve_read(node: &NodeState, linearizable: bool) -> Result<pb::ReadClusterMapResponse, NodeError> {
     let (map, metadata) = if linearizable {
         read_here(node).await.map_err(|e| with_leader_hint(node, e))?
     } else {
-        ((*node.fresh_map().await).clone(), status(node))
+        ((*node.fresh_map().await).clone(), node.meta_status())
     };
     Ok(pb::ReadClusterMapResponse { map: encode(&map).into(), metadata: Some(metadata) })
 }
 
 /// The cluster map as it is now: every change committed before this call
 /// is in it. Learned into the cache as well.
-pub async fn read_latest(node: &NodeState) -> Result<ClusterMap, ApiError> {
+pub async fn read_latest(node: &NodeState) -> Result<ClusterMap, NodeError> {
     let (map, metadata) = at_leader(
         node,
         || read_here(node),
@@ -439,11 +333,11 @@ pub async fn drive(node: &Arc<NodeState>, view: &ClusterView) {
         let (node, ctx, from) = (node.clone(), ctx.clone(), current.clone());
         tokio::spawn(async move {
             tracing::info!(?from, to = ?want, "changing the metadata group's voters");
-            let group = crate::replicas::Group::Meta(ctx.clone());
-            match crate::replicas::set_voters(&node, &group, target).await {
+            let group = crate::control::replicas::Group::Meta(ctx.clone());
+            match crate::control::replicas::set_voters(&node, &group, target).await {
                 Ok(_) => {}
                 // Left out, this leader handed the group to a new voter.
-                Err(e @ ApiError::Unavailable { .. }) => tracing::info!(error = %e, "metadata voters: not the leader"),
+                Err(e @ NodeError::Unavailable { .. }) => tracing::info!(error = %e, "metadata voters: not the leader"),
                 Err(e) => tracing::warn!(error = %e, "changing the metadata group's voters"),
             }
             ctx.changing.store(false, Ordering::SeqCst);

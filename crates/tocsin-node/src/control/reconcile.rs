@@ -3,7 +3,7 @@
 //! map epoch):
 //!
 //! - refreshes its cached cluster map, and every [`VIEW_EVERY_ROUNDS`]
-//!   rounds the cluster view ([`crate::view`]) the balancer and request
+//!   rounds the cluster view ([`crate::control::view`]) the balancer and request
 //!   forwarding use;
 //! - as a shard's leader, moves the shard's replicas to where the map says
 //!   they belong when they differ ([`move_to_map`]): it reads the map at the
@@ -19,7 +19,7 @@
 //!   neither as voter nor learner, and the local replica is initialized (a
 //!   replica being added starts uninitialized), so a replica that may still
 //!   count towards a quorum is never dropped;
-//! - as the metadata leader, runs [`crate::meta::drive`].
+//! - as the metadata leader, runs [`crate::control::meta::drive`].
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -32,10 +32,10 @@ use openraft::async_runtime::WatchReceiver as _;
 use tocsin_core::cluster::ClusterMap;
 use tocsin_store::NodeAddr;
 
-use crate::api::error::ApiError;
-use crate::node::NodeState;
-use crate::replicas::Changed;
-use crate::replicas::Group;
+use crate::control::replicas::Changed;
+use crate::control::replicas::Group;
+use crate::control::state::NodeState;
+use crate::error::NodeError;
 use crate::shard::ShardCtx;
 
 /// How often the node reconciles.
@@ -64,10 +64,10 @@ pub async fn run(node: Arc<NodeState>) {
         if node.shutting_down() {
             return;
         }
-        crate::meta::refresh(&node).await;
+        crate::control::meta::refresh(&node).await;
         let map = node.map.get();
         let view = if round.is_multiple_of(VIEW_EVERY_ROUNDS) {
-            Some(crate::view::gather(&node, VIEW_TIMEOUT).await)
+            Some(crate::control::report::gather(&node, VIEW_TIMEOUT).await)
         } else {
             None
         };
@@ -102,7 +102,7 @@ pub async fn run(node: Arc<NodeState>) {
             }
         }
         if let Some(view) = view {
-            crate::meta::drive(&node, &view).await;
+            crate::control::meta::drive(&node, &view).await;
             *node.remote_view.write().expect("view lock") = Some(view);
         }
     }
@@ -166,7 +166,7 @@ fn maybe_move(node: &Arc<NodeState>, ctx: &Arc<ShardCtx>, map: &ClusterMap) {
             }
             // Left out of the target, this leader handed its leadership to
             // a new voter, which carries on.
-            Err(ApiError::Unavailable { leader: Some(_), .. }) => *error = (String::new(), None),
+            Err(NodeError::Unavailable { leader: Some(_), .. }) => *error = (String::new(), None),
             Err(e) => {
                 tracing::warn!(shard = ctx.shard, error = %e, "moving the shard's replicas");
                 *error = (e.to_string(), Some(Instant::now() + RETRY_MOVE_AFTER));
@@ -180,15 +180,15 @@ fn maybe_move(node: &Arc<NodeState>, ctx: &Arc<ShardCtx>, map: &ClusterMap) {
 
 /// Reads the map at the metadata leader and makes its target for `ctx`'s
 /// shard the voter set.
-async fn move_to_map(node: &Arc<NodeState>, ctx: &Arc<ShardCtx>) -> Result<Changed, ApiError> {
-    let map = crate::meta::read_latest(node).await?;
+async fn move_to_map(node: &Arc<NodeState>, ctx: &Arc<ShardCtx>) -> Result<Changed, NodeError> {
+    let map = crate::control::meta::read_latest(node).await?;
     let target: BTreeMap<u64, NodeAddr> = map
         .replicas(ctx.shard)
         .iter()
         .map(|id| {
-            let n = map.nodes.get(id).ok_or_else(|| ApiError::Internal(format!("node {id} is not in the map")))?;
+            let n = map.nodes.get(id).ok_or_else(|| NodeError::Internal(format!("node {id} is not in the map")))?;
             Ok((*id, NodeAddr { grpc_addr: n.grpc_addr.clone(), http_addr: n.http_addr.clone() }))
         })
-        .collect::<Result<_, ApiError>>()?;
-    crate::replicas::set_voters(node, &Group::Shard(ctx.clone()), target).await
+        .collect::<Result<_, NodeError>>()?;
+    crate::control::replicas::set_voters(node, &Group::Shard(ctx.clone()), target).await
 }

@@ -35,6 +35,7 @@ use std::time::Instant;
 use tocsin_core::Command;
 use tocsin_core::CommandResult;
 use tocsin_core::Proposal;
+use tocsin_proto::v1 as pb;
 use tocsin_store::NodeAddr;
 use tocsin_store::Raft;
 use tokio::sync::Semaphore;
@@ -42,6 +43,7 @@ use tokio::sync::mpsc;
 use tokio::sync::oneshot;
 
 use crate::clock::Clock;
+use crate::error::NodeError;
 
 /// Most commands in one entry.
 pub const MAX_COMMANDS_PER_ENTRY: usize = 2_048;
@@ -305,13 +307,25 @@ async fn run(raft: Raft, clock: Arc<Clock>, mut rx: mpsc::Receiver<Pending>, tim
                 Ok(Ok(resp)) => {
                     let index = resp.log_id.index;
                     let results = resp.data.results;
-                    assert_eq!(
-                        results.len(),
-                        waiters.len(),
-                        "apply of entry {index} returned {} results for {} commands",
-                        results.len(),
-                        waiters.len()
-                    );
+                    if results.len() != waiters.len() {
+                        // Apply broke its one-result-per-command rule: the
+                        // group's state cannot be trusted. Stop the group
+                        // rather than limp on (another replica takes over),
+                        // and tell every waiter so.
+                        let message = format!(
+                            "apply of entry {index} returned {} results for {} commands; stopping the group",
+                            results.len(),
+                            waiters.len()
+                        );
+                        tracing::error!(index, "{message}");
+                        for waiter in waiters {
+                            let _ = waiter.send(Err(ProposeError::Fatal(message.clone())));
+                        }
+                        if let Err(e) = raft.shutdown().await {
+                            tracing::error!(error = %e, "stopping the group after a wrong result count");
+                        }
+                        return;
+                    }
                     for (waiter, result) in waiters.into_iter().zip(results) {
                         let _ = waiter.send(Ok((index, result)));
                     }
@@ -349,6 +363,56 @@ pub(crate) fn to_propose_error(
         }
         RaftError::APIError(other) => ProposeError::Fatal(other.to_string()),
         RaftError::Fatal(f) => ProposeError::Fatal(f.to_string()),
+    }
+}
+
+impl NodeError {
+    /// Maps a failed proposal on `shard`.
+    pub fn from_propose(shard: u32, e: ProposeError) -> NodeError {
+        let hint = |leader: Option<(u64, tocsin_store::NodeAddr)>| {
+            leader.map(|(id, addr)| pb::LeaderHint {
+                shard,
+                node_id: id,
+                grpc_addr: addr.grpc_addr,
+                http_addr: addr.http_addr,
+            })
+        };
+        match e {
+            ProposeError::NotLeader { leader } => NodeError::Unavailable {
+                message: format!("this node does not lead shard {shard}"),
+                leader: hint(leader),
+                retry_after_ms: 50,
+            },
+            ProposeError::Discarded { leader } => NodeError::Unavailable {
+                message: format!("leadership of shard {shard} changed; the outcome is unknown, retry with the same id"),
+                leader: hint(leader),
+                retry_after_ms: 50,
+            },
+            ProposeError::NoQuorum => NodeError::Unavailable {
+                message: format!("this node's leadership of shard {shard} lost its quorum; try another node"),
+                leader: None,
+                retry_after_ms: 100,
+            },
+            ProposeError::Overloaded { retry_after } => NodeError::ResourceExhausted {
+                message: format!(
+                    "shard {shard} is overloaded: its queue's oldest command has waited {} ms",
+                    retry_after.as_millis()
+                ),
+                retry_after_ms: retry_after.as_millis() as u64,
+            },
+            ProposeError::Timeout => NodeError::Unavailable {
+                message: format!(
+                    "shard {shard} did not answer in time; the outcome is unknown, retry with the same id"
+                ),
+                leader: None,
+                retry_after_ms: 200,
+            },
+            ProposeError::Fatal(m) => NodeError::Unavailable {
+                message: format!("shard {shard} is not serving: {m}"),
+                leader: None,
+                retry_after_ms: 1000,
+            },
+        }
     }
 }
 

@@ -45,9 +45,9 @@ use tonic::transport::Endpoint;
 
 use crate::clock::Clock;
 use crate::config::RaftTuning;
-use crate::link::LinkClient;
-use crate::link::LinkError;
-use crate::link::ReplyObserver;
+use crate::shard::link::LinkClient;
+use crate::shard::link::LinkError;
+use crate::shard::link::ReplyObserver;
 
 type C = TypeConfig;
 
@@ -611,7 +611,7 @@ impl TransportService {
     }
 }
 
-impl crate::link::LinkHandler for TransportService {
+impl crate::shard::link::LinkHandler for TransportService {
     async fn handle(&self, req: pb::RaftLinkRequest) -> pb::RaftReply {
         self.clock.record_incoming(req.from_node, req.sent_at_ms);
         let raft = match self.group(req.group_id) {
@@ -815,7 +815,7 @@ mod tests {
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind server");
         let server_addr = listener.local_addr().expect("server address");
-        let _grpc = crate::link::split_incoming(listener, Arc::new(service), tokio::runtime::Handle::current());
+        let _grpc = crate::shard::link::split_incoming(listener, Arc::new(service), tokio::runtime::Handle::current());
         let stuck_before = Arc::new(AtomicU64::new(0));
         let proxy_addr = proxy(server_addr, stuck_before.clone()).await;
 

@@ -28,7 +28,7 @@ use tocsin_core::ShardId;
 use tocsin_core::cluster::NodeStatus;
 use tocsin_store::Raft;
 
-use crate::node::NodeState;
+use crate::control::state::NodeState;
 
 /// How long after a leadership change a shard is left alone.
 const COOLDOWN: Duration = Duration::from_secs(10);
@@ -288,7 +288,7 @@ pub async fn watch_health(node: Arc<NodeState>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::raft::LowDiskPeers;
+    use crate::shard::raft::LowDiskPeers;
 
     #[test]
     fn a_handover_skips_a_peer_short_of_disk_unless_all_are() {

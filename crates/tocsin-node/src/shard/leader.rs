@@ -1,7 +1,7 @@
 //! The shard leader's fire loop: only the leader of a shard runs one.
 //!
 //! On becoming leader (openraft's metrics say so), the task:
-//! 1. attaches to the shard's [`EventSink`](crate::events::EventSink), so it
+//! 1. attaches to the shard's [`EventSink`](crate::shard::events::EventSink), so it
 //!    hears about every entry applied from then on;
 //! 2. proposes a `LeaderEpoch` entry and waits until it is applied: its log
 //!    index is the fencing epoch, and every cancel committed under earlier
@@ -44,12 +44,12 @@ use tocsin_store::DuePage;
 use tokio::sync::mpsc;
 use tokio::task::JoinHandle;
 
-use crate::delivery::Dispatcher;
-use crate::events::Applied;
-use crate::events::Events;
-use crate::proposer::ProposeError;
 use crate::shard::Leadership;
 use crate::shard::ShardCtx;
+use crate::shard::delivery::Dispatcher;
+use crate::shard::events::Applied;
+use crate::shard::events::Events;
+use crate::shard::proposer::ProposeError;
 
 /// Fire batches proposed and not yet answered, per shard.
 const MAX_FIRE_BATCHES_IN_FLIGHT: usize = 4;

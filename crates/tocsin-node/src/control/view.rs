@@ -13,16 +13,9 @@
 
 use std::collections::BTreeMap;
 use std::collections::BTreeSet;
-use std::sync::Arc;
-use std::time::Duration;
 
 use tocsin_proto::v1 as pb;
-use tocsin_proto::v1::admin_service_client::AdminServiceClient;
 use tocsin_store::NodeAddr;
-use tonic::transport::Channel;
-
-use crate::api::admin::AdminApi;
-use crate::node::NodeState;
 
 /// One shard as the view has it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -53,9 +46,16 @@ pub struct ClusterView {
     /// The nodes that answered.
     pub reachable: BTreeSet<u64>,
     pub shards: Vec<ShardView>,
+    /// The reports merged so far.
+    merged: tocsin_contract::map::MapMerge,
 }
 
 impl ClusterView {
+    /// A view of `num_shards` shards that no report has reached yet.
+    pub fn empty(num_shards: u32) -> ClusterView {
+        ClusterView { num_shards, shards: vec![ShardView::default(); num_shards as usize], ..Default::default() }
+    }
+
     /// Nodes that hold at least one voter replica.
     pub fn voter_nodes(&self) -> BTreeSet<u64> {
         self.shards.iter().flat_map(|s| s.voters.iter().copied()).collect()
@@ -74,95 +74,27 @@ impl ClusterView {
         self.shards.iter().any(|s| s.voters.contains(&node) || s.learners.contains(&node))
     }
 
-    /// Merges one node's shard map into the view.
-    fn merge(&mut self, from: u64, map: &pb::ShardMap) {
+    /// Merges one node's shard map into the view, by the contract's rule
+    /// (`tocsin_contract::map`).
+    pub(crate) fn merge(&mut self, from: u64, map: &pb::ShardMap) {
         self.reachable.insert(from);
-        for n in &map.nodes {
-            let addr = NodeAddr { grpc_addr: n.grpc_addr.clone(), http_addr: n.http_addr.clone() };
-            // A node's own report of its address wins.
-            if n.node_id == from || !self.nodes.contains_key(&n.node_id) {
-                self.nodes.insert(n.node_id, addr);
-            }
+        self.merged.add(Some(from), map.clone());
+        let Some(merged) = self.merged.map() else { return };
+        for n in &merged.nodes {
+            self.nodes.insert(n.node_id, NodeAddr { grpc_addr: n.grpc_addr.clone(), http_addr: n.http_addr.clone() });
         }
-        for p in &map.shards {
+        for (i, p) in merged.shards.iter().enumerate() {
             let Some(s) = self.shards.get_mut(p.shard as usize) else { continue };
-            s.snapshot_bytes += p.snapshot_bytes_sent;
-            if !p.replicas.is_empty() && (p.membership_index > s.membership_index || s.voters.is_empty()) {
-                let mut voters = p.replicas.clone();
-                voters.sort_unstable();
-                s.voters = voters;
-                let mut learners = p.learners.clone();
-                learners.sort_unstable();
-                s.learners = learners;
-                s.membership_index = p.membership_index;
-            }
-            let self_reported = p.leader != 0 && p.leader == from;
-            if self_reported {
-                s.move_error = p.move_error.clone();
-            }
-            let better = p.leader != 0
-                && (p.term > s.term
-                    || (p.term == s.term && (s.leader == 0 || (self_reported && !s.leader_self_reported))));
-            if better {
-                s.leader = p.leader;
-                s.term = p.term;
-                s.leader_self_reported = self_reported;
-            }
+            s.voters = p.replicas.clone();
+            s.learners = p.learners.clone();
+            s.membership_index = p.membership_index;
+            s.leader = p.leader;
+            s.term = p.term;
+            s.leader_self_reported = self.merged.leader_self_reported(i);
+            s.move_error = p.move_error.clone();
+            s.snapshot_bytes = p.snapshot_bytes_sent;
         }
     }
-}
-
-/// Asks this node and every node it learns of (two rounds) for their shard
-/// maps, each within `timeout`, and merges the answers.
-pub async fn gather(node: &Arc<NodeState>, timeout: Duration) -> ClusterView {
-    let num_shards = node.config.num_shards;
-    let mut view =
-        ClusterView { num_shards, shards: vec![ShardView::default(); num_shards as usize], ..Default::default() };
-    let local = AdminApi::new(node.clone()).shard_map().await;
-    view.merge(node.node_id, &local);
-    // Peers this node has talked to, even if it hosts no shard with them
-    // any more (a drained node still finds the others), except removed
-    // ones.
-    let map = node.map.get();
-    for (id, addr) in node.router.known() {
-        if map.status(id) != Some(tocsin_core::cluster::NodeStatus::Removed) {
-            view.nodes.entry(id).or_insert(NodeAddr { grpc_addr: addr, http_addr: String::new() });
-        }
-    }
-    let mut asked: BTreeSet<u64> = BTreeSet::from([node.node_id]);
-    for _round in 0..2 {
-        let targets: Vec<(u64, String)> = view
-            .nodes
-            .iter()
-            .filter(|(id, a)| !asked.contains(id) && !a.grpc_addr.is_empty())
-            .map(|(id, a)| (*id, a.grpc_addr.clone()))
-            .collect();
-        if targets.is_empty() {
-            break;
-        }
-        let answers = futures::future::join_all(targets.iter().map(|(id, addr)| {
-            let channel = node.forwarder.channel(addr);
-            let id = *id;
-            async move { (id, fetch_map(channel, timeout).await) }
-        }))
-        .await;
-        for (id, answer) in answers {
-            asked.insert(id);
-            if let Some(map) = answer {
-                view.merge(id, &map);
-            }
-        }
-    }
-    view
-}
-
-/// One node's shard map over its cached channel, or `None` if it did not
-/// answer in time. The view is refreshed every few seconds on every node,
-/// so it reuses connections rather than opening new ones.
-async fn fetch_map(channel: Option<Channel>, timeout: Duration) -> Option<pb::ShardMap> {
-    let mut admin = AdminServiceClient::new(channel?);
-    let call = admin.get_shard_map(pb::GetShardMapRequest {});
-    tokio::time::timeout(timeout, call).await.ok()?.ok().map(|r| r.into_inner())
 }
 
 #[cfg(test)]

@@ -28,6 +28,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use tocsin_contract::json;
 use tocsin_core::Callback;
 use tocsin_core::Command;
 use tocsin_core::CommandResult;
@@ -40,7 +41,6 @@ use tokio::sync::Notify;
 use tokio::sync::mpsc;
 
 use crate::config::DeliveryConfig;
-use crate::json;
 use crate::shard::ShardCtx;
 
 /// A ready timer, as the queue holds it.
@@ -328,7 +328,7 @@ impl PullHub {
                     // Not ready (backing off, reserved), or moved on (acked, dead,
                     // purged): the fire loop brings it back when it is due again.
                     Ok(_) => {}
-                    Err(crate::proposer::ProposeError::NotLeader { .. }) => {}
+                    Err(crate::shard::proposer::ProposeError::NotLeader { .. }) => {}
                     // Not recorded, or unknown: back to the queue. If it was
                     // recorded after all, the next reservation of this item is
                     // stale and the recorded one comes due when it runs out.

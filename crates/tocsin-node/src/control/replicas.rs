@@ -39,12 +39,12 @@ use tocsin_store::Raft;
 use tonic::transport::Channel;
 use tonic::transport::Endpoint;
 
-use crate::api::error::ApiError;
-use crate::meta::MetaCtx;
-use crate::node::NodeState;
-use crate::proposer::ProposeError;
-use crate::proposer::to_propose_error;
+use crate::control::map::MetaCtx;
+use crate::control::state::NodeState;
+use crate::error::NodeError;
 use crate::shard::ShardCtx;
+use crate::shard::proposer::ProposeError;
+use crate::shard::proposer::to_propose_error;
 
 /// How long a new replica may take to catch up before the change gives up
 /// (it is tried again; the learner keeps what it received).
@@ -93,12 +93,12 @@ impl Group {
         }
     }
 
-    fn not_leader(&self) -> ApiError {
+    fn not_leader(&self) -> NodeError {
         match self {
             Group::Shard(ctx) => {
-                ApiError::from_propose(ctx.shard, ProposeError::NotLeader { leader: ctx.leader_hint() })
+                NodeError::from_propose(ctx.shard, ProposeError::NotLeader { leader: ctx.leader_hint() })
             }
-            Group::Meta(_) => ApiError::unavailable("this node does not lead the metadata group", 100),
+            Group::Meta(_) => NodeError::unavailable("this node does not lead the metadata group", 100),
         }
     }
 
@@ -123,12 +123,12 @@ impl Group {
             tocsin_store::TypeConfig,
             openraft::error::ClientWriteError<tocsin_store::TypeConfig>,
         >,
-    ) -> ApiError {
+    ) -> NodeError {
         match (self, to_propose_error(e)) {
             (Group::Shard(ctx), e @ (ProposeError::NotLeader { .. } | ProposeError::Discarded { .. })) => {
-                ApiError::from_propose(ctx.shard, e)
+                NodeError::from_propose(ctx.shard, e)
             }
-            (_, other) => ApiError::unavailable(format!("{what} of {} failed: {other}", self.name()), 500),
+            (_, other) => NodeError::unavailable(format!("{what} of {} failed: {other}", self.name()), 500),
         }
     }
 }
@@ -143,14 +143,14 @@ pub struct Changed {
 }
 
 /// A `ReplicaControl` client for `addr`, with `timeout` on every call.
-pub async fn control_client(addr: &str, timeout: Duration) -> Result<ReplicaControlClient<Channel>, ApiError> {
+pub async fn control_client(addr: &str, timeout: Duration) -> Result<ReplicaControlClient<Channel>, NodeError> {
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| ApiError::invalid("grpc_addr", format!("{addr:?} is not an address: {e}")))?
+        .map_err(|e| NodeError::invalid("grpc_addr", format!("{addr:?} is not an address: {e}")))?
         .connect_timeout(Duration::from_secs(2))
         .timeout(timeout)
         .tcp_nodelay(true);
     let channel =
-        endpoint.connect().await.map_err(|e| ApiError::unavailable(format!("cannot reach {addr}: {e}"), 500))?;
+        endpoint.connect().await.map_err(|e| NodeError::unavailable(format!("cannot reach {addr}: {e}"), 500))?;
     Ok(ReplicaControlClient::new(channel))
 }
 
@@ -165,12 +165,12 @@ pub async fn set_voters(
     node: &Arc<NodeState>,
     group: &Group,
     target: BTreeMap<u64, NodeAddr>,
-) -> Result<Changed, ApiError> {
+) -> Result<Changed, NodeError> {
     if target.is_empty() {
-        return Err(ApiError::invalid("voters", "must name at least one node"));
+        return Err(NodeError::invalid("voters", "must name at least one node"));
     }
     if let Some((id, _)) = target.iter().find(|(id, a)| **id == 0 || a.grpc_addr.is_empty()) {
-        return Err(ApiError::invalid("voters", format!("node {id} needs an id above 0 and a grpc address")));
+        return Err(NodeError::invalid("voters", format!("node {id} needs an id above 0 and a grpc address")));
     }
     let raft = group.raft();
     let name = group.name();
@@ -198,7 +198,8 @@ pub async fn set_voters(
     }
 
     if !want.contains(&node.node_id)
-        && let Some(to) = crate::balance::healthy_voters(raft, node.node_id).into_iter().find(|id| want.contains(id))
+        && let Some(to) =
+            crate::control::balance::healthy_voters(raft, node.node_id).into_iter().find(|id| want.contains(id))
     {
         tracing::info!(group = %name, to, "left out of the new voter set: handing the leadership over first");
         let _ = raft.trigger().transfer_leader(to).await;
@@ -214,14 +215,15 @@ pub async fn set_voters(
         if *id != node.node_id {
             let mut client = control_client(&addr.grpc_addr, CONTROL_RPC_TIMEOUT).await?;
             client.host_shard(group.host_request()).await.map_err(|s| {
-                ApiError::unavailable(format!("node {id} could not host a replica of {name}: {}", s.message()), 500)
+                NodeError::unavailable(format!("node {id} could not host a replica of {name}: {}", s.message()), 500)
             })?;
             node.router.set_addr(*id, &addr.grpc_addr);
         }
         tracing::info!(group = %name, node = id, "adding a learner and waiting for it to catch up");
         let deadline = tokio::time::Instant::now() + CATCH_UP_TIMEOUT;
-        let too_slow =
-            || ApiError::unavailable(format!("node {id} did not catch up on {name} within {CATCH_UP_TIMEOUT:?}"), 1000);
+        let too_slow = || {
+            NodeError::unavailable(format!("node {id} did not catch up on {name} within {CATCH_UP_TIMEOUT:?}"), 1000)
+        };
         // openraft's blocking add_learner counts a learner within
         // `replication_lag_threshold` entries (thousands) as caught up, so
         // it can return while a snapshot is still streaming: wait for the
@@ -269,7 +271,7 @@ pub async fn set_voters(
         (after, uniform && m.committed_membership_config.log_id() == m.membership_config.log_id(), index)
     };
     if after != want || !committed {
-        return Err(ApiError::Internal(format!(
+        return Err(NodeError::Internal(format!(
             "{name}: the membership is {after:?} (committed: {committed}), not {want:?}; it will be tried again"
         )));
     }
@@ -279,7 +281,7 @@ pub async fn set_voters(
     // until it is decommissioned or wiped (its own reconcile loop releases it
     // when it sees the newer membership); it can no longer vote in this group.
     let self_left_out = left_out.remove(&node.node_id).is_some();
-    let answering = crate::balance::answering_nodes(raft);
+    let answering = crate::control::balance::answering_nodes(raft);
     for (id, addr) in &left_out {
         if !answering.contains(id) {
             tracing::info!(group = %name, node = id, "not releasing the left-out replica: its node does not answer");
@@ -332,19 +334,24 @@ async fn wait_matched(raft: &Raft, id: u64, index: u64, timeout: Duration) {
     }
 }
 
-async fn release_on(addr: &str, request: pb::ReleaseShardRequest) -> Result<bool, ApiError> {
+async fn release_on(addr: &str, request: pb::ReleaseShardRequest) -> Result<bool, NodeError> {
     if addr.is_empty() {
-        return Err(ApiError::unavailable("no address known", 0));
+        return Err(NodeError::unavailable("no address known", 0));
     }
     let mut client = control_client(addr, CONTROL_RPC_TIMEOUT).await?;
-    let resp = client.release_shard(request).await.map_err(|s| ApiError::unavailable(s.message(), 0))?;
+    let resp = client.release_shard(request).await.map_err(|s| NodeError::unavailable(s.message(), 0))?;
     Ok(resp.into_inner().released)
 }
 
 /// Whether this node's replica of a group may be dropped: its own committed
 /// membership, at least as new as `membership_index` (waited for up to
 /// [`LEARN_TIMEOUT`]), does not count `node_id` as a voter.
-async fn check_released(raft: &Raft, node_id: u64, membership_index: u64, what: &str) -> Result<(), tonic::Status> {
+pub(crate) async fn check_released(
+    raft: &Raft,
+    node_id: u64,
+    membership_index: u64,
+    what: &str,
+) -> Result<(), tonic::Status> {
     let deadline = tokio::time::Instant::now() + LEARN_TIMEOUT;
     let mut metrics = raft.metrics();
     loop {
@@ -368,75 +375,5 @@ async fn check_released(raft: &Raft, node_id: u64, membership_index: u64, what: 
                  (it holds {index}); try again"
             )));
         }
-    }
-}
-
-/// The `ReplicaControl` service.
-pub struct ReplicaService {
-    node: Arc<NodeState>,
-}
-
-impl ReplicaService {
-    pub fn new(node: Arc<NodeState>) -> ReplicaService {
-        ReplicaService { node }
-    }
-}
-
-#[tonic::async_trait]
-impl pb::replica_control_server::ReplicaControl for ReplicaService {
-    async fn host_shard(
-        &self,
-        request: tonic::Request<pb::HostShardRequest>,
-    ) -> Result<tonic::Response<pb::HostShardResponse>, tonic::Status> {
-        let req = request.into_inner();
-        if !req.metadata && req.shard >= self.node.config.num_shards {
-            return Err(ApiError::invalid("shard", format!("must be below {}", self.node.config.num_shards)).into());
-        }
-        if self.node.shutting_down() {
-            return Err(tonic::Status::unavailable("this node is shutting down"));
-        }
-        let created = if req.metadata { self.node.host_meta().await } else { self.node.host_shard(req.shard).await };
-        let created = created.map_err(|e| tonic::Status::internal(e.to_string()))?;
-        Ok(tonic::Response::new(pb::HostShardResponse { created }))
-    }
-
-    async fn release_shard(
-        &self,
-        request: tonic::Request<pb::ReleaseShardRequest>,
-    ) -> Result<tonic::Response<pb::ReleaseShardResponse>, tonic::Status> {
-        let req = request.into_inner();
-        let what = if req.metadata { "the metadata group".to_string() } else { format!("shard {}", req.shard) };
-        let raft = if req.metadata {
-            self.node.meta().map(|m| m.raft.clone())
-        } else {
-            self.node.shards.get(req.shard).map(|c| c.raft.clone())
-        };
-        let Some(raft) = raft else {
-            return Ok(tonic::Response::new(pb::ReleaseShardResponse { released: false }));
-        };
-        // Decided from this replica's own committed membership, never from the
-        // caller's word: a late release after this node was added back finds it
-        // a voter again and deletes nothing.
-        check_released(&raft, self.node.node_id, req.membership_index, &what).await?;
-        let released =
-            if req.metadata { self.node.release_meta().await } else { self.node.release_shard(req.shard).await };
-        let released = released.map_err(|e| tonic::Status::internal(e.to_string()))?;
-        Ok(tonic::Response::new(pb::ReleaseShardResponse { released }))
-    }
-
-    async fn propose_cluster(
-        &self,
-        request: tonic::Request<pb::ProposeClusterRequest>,
-    ) -> Result<tonic::Response<pb::ProposeClusterResponse>, tonic::Status> {
-        let req = request.into_inner();
-        Ok(tonic::Response::new(crate::meta::serve_propose(&self.node, &req.command).await?))
-    }
-
-    async fn read_cluster_map(
-        &self,
-        request: tonic::Request<pb::ReadClusterMapRequest>,
-    ) -> Result<tonic::Response<pb::ReadClusterMapResponse>, tonic::Status> {
-        let linearizable = request.into_inner().linearizable;
-        Ok(tonic::Response::new(crate::meta::serve_read(&self.node, linearizable).await?))
     }
 }

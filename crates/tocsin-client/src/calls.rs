@@ -1,0 +1,317 @@
+//! The calls: timers (create, batches split per shard, get, cancel,
+//! reschedule, list, horizon), pull delivery (reserve from every node, ack,
+//! nack) and the admin API.
+
+use std::collections::BTreeMap;
+
+use tocsin_proto::v1 as pb;
+use tocsin_proto::v1::admin_service_client::AdminServiceClient;
+use tocsin_proto::v1::timer_service_client::TimerServiceClient;
+use tonic::transport::Endpoint;
+
+use crate::AdminOp;
+use crate::Client;
+use crate::ClientError;
+
+impl Client {
+    /// Creates one timer (idempotent by `(namespace, id)`).
+    pub async fn create_timer(&self, req: pb::CreateTimerRequest) -> Result<pb::CreateTimerResponse, ClientError> {
+        let shard = self.shard_of(&req.namespace, &req.id);
+        self.call(Some(shard), |mut c| {
+            let req = self.routed(req.clone());
+            async move { c.create_timer(req).await }
+        })
+        .await
+    }
+
+    /// Creates many timers: split per shard, sent to each leader
+    /// concurrently, results in request order.
+    pub async fn create_timers(
+        &self,
+        reqs: Vec<pb::CreateTimerRequest>,
+    ) -> Vec<Result<pb::CreateTimerResponse, ClientError>> {
+        let mut by_shard: BTreeMap<u32, Vec<(usize, pb::CreateTimerRequest)>> = BTreeMap::new();
+        let n = reqs.len();
+        let originals = reqs.clone();
+        for (i, req) in reqs.into_iter().enumerate() {
+            by_shard.entry(self.shard_of(&req.namespace, &req.id)).or_default().push((i, req));
+        }
+        let calls = by_shard.into_iter().flat_map(|(shard, items)| {
+            // Keep each call within the server's batch limit.
+            let chunks: Vec<Vec<(usize, pb::CreateTimerRequest)>> = items.chunks(1000).map(|c| c.to_vec()).collect();
+            chunks.into_iter().map(move |chunk| async move {
+                let (positions, timers): (Vec<usize>, Vec<pb::CreateTimerRequest>) = chunk.into_iter().unzip();
+                let result = self
+                    .call(Some(shard), |mut c| {
+                        let req = self.routed(pb::CreateTimersRequest { timers: timers.clone() });
+                        async move { c.create_timers(req).await }
+                    })
+                    .await;
+                (positions, result)
+            })
+        });
+        let mut out: Vec<Option<Result<pb::CreateTimerResponse, ClientError>>> = (0..n).map(|_| None).collect();
+        for (positions, result) in futures::future::join_all(calls).await {
+            match result {
+                Ok(resp) => {
+                    for (i, r) in positions.into_iter().zip(resp.results) {
+                        out[i] = Some(match r.result {
+                            Some(pb::create_timer_result::Result::Ok(ok)) => Ok(ok),
+                            Some(pb::create_timer_result::Result::Error(info)) => Err(ClientError::Status {
+                                code: tocsin_contract::codes::code_from_name(&info.code),
+                                message: info.message.clone(),
+                                info,
+                            }),
+                            None => Err(ClientError::Unreachable("empty result".into())),
+                        });
+                    }
+                }
+                Err(e) => {
+                    for i in positions {
+                        out[i] = Some(Err(e.clone()));
+                    }
+                }
+            }
+        }
+        let mut out: Vec<Result<pb::CreateTimerResponse, ClientError>> =
+            out.into_iter().map(|r| r.unwrap_or_else(|| Err(ClientError::Unreachable("no result".into())))).collect();
+        // Items refused for a retryable reason (a leader change mid-batch, say)
+        // are retried one by one, with hints and backoff; creates are idempotent.
+        let retry: Vec<usize> = (0..n).filter(|i| matches!(&out[*i], Err(e) if e.retryable())).collect();
+        if !retry.is_empty() {
+            let retried =
+                futures::future::join_all(retry.iter().map(|i| self.create_timer(originals[*i].clone()))).await;
+            for (i, r) in retry.into_iter().zip(retried) {
+                out[i] = r;
+            }
+        }
+        out
+    }
+
+    pub async fn get_timer(&self, namespace: &str, id: &str) -> Result<pb::Timer, ClientError> {
+        let shard = self.shard_of(namespace, id);
+        let req = pb::GetTimerRequest { namespace: namespace.into(), id: id.into() };
+        let resp = self
+            .call(Some(shard), |mut c| {
+                let req = self.routed(req.clone());
+                async move { c.get_timer(req).await }
+            })
+            .await?;
+        resp.timer.ok_or_else(|| ClientError::Unreachable("empty response".into()))
+    }
+
+    /// Cancels a timer; the answer is definite (see `Outcome`).
+    pub async fn cancel_timer(&self, namespace: &str, id: &str) -> Result<pb::CancelTimerResponse, ClientError> {
+        let shard = self.shard_of(namespace, id);
+        let req = pb::CancelTimerRequest { namespace: namespace.into(), id: id.into() };
+        self.call(Some(shard), |mut c| {
+            let req = self.routed(req.clone());
+            async move { c.cancel_timer(req).await }
+        })
+        .await
+    }
+
+    pub async fn reschedule_timer(&self, req: pb::RescheduleTimerRequest) -> Result<pb::Timer, ClientError> {
+        let shard = self.shard_of(&req.namespace, &req.id);
+        let resp = self
+            .call(Some(shard), |mut c| {
+                let req = self.routed(req.clone());
+                async move { c.reschedule_timer(req).await }
+            })
+            .await?;
+        resp.timer.ok_or_else(|| ClientError::Unreachable("empty response".into()))
+    }
+
+    /// One page of a namespace's timers (any node answers for all shards).
+    pub async fn list_timers(&self, req: pb::ListTimersRequest) -> Result<pb::ListTimersResponse, ClientError> {
+        self.call(None, |mut c| {
+            let req = req.clone();
+            async move { c.list_timers(req).await }
+        })
+        .await
+    }
+
+    pub async fn horizon(&self, namespace: &str) -> Result<pb::GetHorizonResponse, ClientError> {
+        let req = pb::GetHorizonRequest { namespace: namespace.into() };
+        self.call(None, |mut c| {
+            let req = req.clone();
+            async move { c.get_horizon(req).await }
+        })
+        .await
+    }
+
+    /// Opens a reserve stream on every node (each serves the shards it
+    /// leads) and merges them into one channel of batches.
+    pub async fn reserve(
+        &self,
+        req: pb::ReserveRequest,
+    ) -> Result<tokio::sync::mpsc::Receiver<pb::ReserveResponse>, ClientError> {
+        let addrs: Vec<String> = match self.inner.route.read().expect("route lock").as_ref() {
+            Some(r) if !r.addrs.is_empty() => r.addrs.values().cloned().collect(),
+            _ => self.inner.seeds.clone(),
+        };
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        for addr in addrs {
+            let this = self.clone();
+            let tx = tx.clone();
+            let req = req.clone();
+            tokio::spawn(async move {
+                // Re-open the stream if the node restarts, until the consumer is gone.
+                let mut attempt = 0u32;
+                while !tx.is_closed() {
+                    if let Ok(channel) = this.channel(&addr) {
+                        let mut client = TimerServiceClient::new(channel).max_decoding_message_size(64 << 20);
+                        if let Ok(resp) = client.reserve(req.clone()).await {
+                            attempt = 0;
+                            let end = tocsin_contract::relay::relay(&mut resp.into_inner(), &tx).await;
+                            if end == tocsin_contract::relay::RelayEnd::ConsumerGone {
+                                return;
+                            }
+                        }
+                    }
+                    attempt += 1;
+                    tokio::time::sleep(this.backoff(attempt)).await;
+                }
+            });
+        }
+        Ok(rx)
+    }
+
+    /// Acks deliveries; each goes to the leader of its shard.
+    pub async fn ack(&self, refs: Vec<pb::DeliveryRef>) -> Result<Vec<pb::AckResult>, ClientError> {
+        self.settle(refs, None).await
+    }
+
+    /// Hands deliveries back for a retry after `delay_ms`.
+    pub async fn nack(
+        &self,
+        refs: Vec<pb::DeliveryRef>,
+        delay_ms: u64,
+        reason: &str,
+    ) -> Result<Vec<pb::AckResult>, ClientError> {
+        self.settle(refs, Some((delay_ms, reason.to_string()))).await
+    }
+
+    pub(crate) async fn settle(
+        &self,
+        refs: Vec<pb::DeliveryRef>,
+        nack: Option<(u64, String)>,
+    ) -> Result<Vec<pb::AckResult>, ClientError> {
+        let mut by_shard: BTreeMap<u32, Vec<(usize, pb::DeliveryRef)>> = BTreeMap::new();
+        let n = refs.len();
+        for (i, r) in refs.into_iter().enumerate() {
+            by_shard.entry(self.shard_of(&r.namespace, &r.id)).or_default().push((i, r));
+        }
+        let mut out = vec![pb::AckResult::default(); n];
+        for (shard, items) in by_shard {
+            let (positions, deliveries): (Vec<usize>, Vec<pb::DeliveryRef>) = items.into_iter().unzip();
+            let results = match &nack {
+                None => {
+                    self.call(Some(shard), |mut c| {
+                        let req = self.routed(pb::AckRequest { deliveries: deliveries.clone() });
+                        async move { c.ack(req).await }
+                    })
+                    .await?
+                    .results
+                }
+                Some((delay_ms, reason)) => {
+                    self.call(Some(shard), |mut c| {
+                        let req = self.routed(pb::NackRequest {
+                            deliveries: deliveries.clone(),
+                            delay_ms: *delay_ms,
+                            reason: reason.clone(),
+                        });
+                        async move { c.nack(req).await }
+                    })
+                    .await?
+                    .results
+                }
+            };
+            for (i, r) in positions.into_iter().zip(results) {
+                out[i] = r;
+            }
+        }
+        Ok(out)
+    }
+
+    /// The cluster's shard map, freshly loaded.
+    pub async fn shard_map(&self) -> Result<pb::ShardMap, ClientError> {
+        self.refresh().await
+    }
+
+    /// Cluster info from any node.
+    pub async fn cluster(&self) -> Result<pb::ClusterInfo, ClientError> {
+        self.cluster_with(false).await
+    }
+
+    /// Makes `to_node` the leader of `shard` (sent to the current leader);
+    /// returns the leader once the transfer settled or its deadline passed.
+    pub async fn transfer_leader(&self, shard: u32, to_node: u64) -> Result<u64, ClientError> {
+        let resp = self
+            .call_channel(Some(shard), |channel| async move {
+                AdminServiceClient::new(channel).transfer_leader(pb::TransferLeaderRequest { shard, to_node }).await
+            })
+            .await?;
+        Ok(resp.leader)
+    }
+
+    /// Starts a cluster operation on the first seed that answers and
+    /// returns its progress stream. The operation runs on that node to the
+    /// end even if the stream is dropped; re-running it is safe.
+    pub async fn admin_op(&self, op: AdminOp) -> Result<tonic::Streaming<pb::Progress>, ClientError> {
+        let mut last = ClientError::Unreachable("no seed given".into());
+        for addr in self.inner.seeds.iter() {
+            // No request timeout: catching a replica up may take minutes.
+            let endpoint = Endpoint::from_shared(format!("http://{addr}"))
+                .map_err(|e| ClientError::Argument(format!("bad address {addr}: {e}")))?
+                .connect_timeout(self.inner.options.connect_timeout)
+                .tcp_nodelay(true);
+            let channel = match endpoint.connect().await {
+                Ok(c) => c,
+                Err(e) => {
+                    last = ClientError::Unreachable(format!("{addr}: {e}"));
+                    continue;
+                }
+            };
+            let mut admin = AdminServiceClient::new(channel);
+            let result = match op.clone() {
+                AdminOp::AddNode { grpc_addr, http_addr } => {
+                    admin.add_node(pb::AddNodeRequest { grpc_addr, http_addr }).await
+                }
+                AdminOp::RemoveNode { node_id } => admin.remove_node(pb::RemoveNodeRequest { node_id }).await,
+                AdminOp::DecommissionNode { node_id } => {
+                    admin.decommission_node(pb::DecommissionNodeRequest { node_id }).await
+                }
+                AdminOp::MoveShard { shard, from_node, to_node } => {
+                    admin.move_shard(pb::MoveShardRequest { shard, from_node, to_node }).await
+                }
+                AdminOp::Rebalance { dry_run } => admin.rebalance(pb::RebalanceRequest { dry_run }).await,
+            };
+            match result {
+                Ok(stream) => return Ok(stream.into_inner()),
+                Err(status) => {
+                    let err = ClientError::from_status(status);
+                    if !err.retryable() {
+                        return Err(err);
+                    }
+                    last = err;
+                }
+            }
+        }
+        Err(last)
+    }
+
+    /// Cluster info from any node; with `digests`, each of that node's
+    /// replicas also reports a digest of its timers (slow on big shards).
+    pub async fn cluster_with(&self, digests: bool) -> Result<pb::ClusterInfo, ClientError> {
+        let mut last = String::new();
+        for attempt in 0..self.inner.seeds.len().max(1) as u32 {
+            let addr = self.addr_for(None, attempt)?;
+            match AdminServiceClient::new(self.channel(&addr)?).get_cluster(pb::GetClusterRequest { digests }).await {
+                Ok(info) => return Ok(info.into_inner()),
+                Err(e) => last = e.to_string(),
+            }
+        }
+        Err(ClientError::Unreachable(last))
+    }
+}

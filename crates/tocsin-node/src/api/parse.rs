@@ -1,0 +1,150 @@
+//! Parse once: each wire request becomes a validated domain value here,
+//! exactly once, on the node that receives it. Everything below the API
+//! takes these values, never a proto: the key is checked and its shard
+//! hashed once, "`fire_at_ms` or `delay_ms`" is decided in one place
+//! ([`fire_time`], which the HTTP mirror calls too), and the create's spec is
+//! checked field by field once. The fire time's range depends on the
+//! leader's clock, so it is checked where the leader stamps it
+//! (`validate::resolve_fire_at`), not here.
+
+use tocsin_core::Callback;
+use tocsin_core::Limits;
+use tocsin_core::RetryPolicy;
+use tocsin_core::ShardId;
+use tocsin_core::TimerKey;
+use tocsin_core::TimerSpec;
+use tocsin_core::timer::FireTime;
+use tocsin_core::validate;
+use tocsin_proto::v1 as pb;
+
+use crate::error::NodeError;
+
+/// A checked key and the shard it hashes to.
+#[derive(Clone, Debug)]
+pub struct Keyed {
+    pub key: TimerKey,
+    pub shard: ShardId,
+}
+
+/// A checked create: its key (and shard) and its spec.
+#[derive(Clone, Debug)]
+pub struct ValidCreate {
+    pub target: Keyed,
+    pub spec: TimerSpec,
+}
+
+/// A checked reschedule.
+#[derive(Clone, Debug)]
+pub struct ValidReschedule {
+    pub target: Keyed,
+    pub expected_generation: u64,
+    pub fire_time: FireTime,
+}
+
+/// Checks a namespace and id and hashes them to their shard.
+pub fn key(namespace: &str, id: &str, num_shards: u32) -> Result<Keyed, NodeError> {
+    let key = TimerKey::new(namespace.to_string(), id.to_string());
+    validate::check_key(&key)?;
+    let shard = tocsin_core::routing::shard_for(&key.namespace, &key.id, num_shards);
+    Ok(Keyed { key, shard })
+}
+
+/// The one rule for a request's fire time: exactly one of `fire_at_ms` and
+/// `delay_ms`. (The proto's oneof cannot carry both; JSON can.)
+pub fn fire_time(fire_at_ms: Option<u64>, delay_ms: Option<u64>) -> Result<FireTime, NodeError> {
+    match (fire_at_ms, delay_ms) {
+        (Some(_), Some(_)) => Err(NodeError::invalid("delay_ms", "give fire_at_ms or delay_ms, not both")),
+        (Some(at), None) => Ok(FireTime::At(at)),
+        (None, Some(d)) => Ok(FireTime::Delay(d)),
+        (None, None) => Err(NodeError::invalid("fire_at_ms", "give fire_at_ms or delay_ms")),
+    }
+}
+
+/// Checks a create request.
+pub fn create(req: &pb::CreateTimerRequest, limits: &Limits, num_shards: u32) -> Result<ValidCreate, NodeError> {
+    use pb::create_timer_request::FireTime as F;
+    let target = key(&req.namespace, &req.id, num_shards)?;
+    let fire_time = match req.fire_time {
+        Some(F::FireAtMs(at)) => fire_time(Some(at), None)?,
+        Some(F::DelayMs(d)) => fire_time(None, Some(d))?,
+        None => fire_time(None, None)?,
+    };
+    let callback = match req.callback.as_ref().and_then(|c| c.target.as_ref()) {
+        Some(pb::callback::Target::Webhook(w)) => Callback::Webhook { url: w.url.clone() },
+        Some(pb::callback::Target::Pull(p)) => Callback::Pull { topic: p.topic.clone() },
+        None => return Err(NodeError::invalid("callback", "give callback.webhook.url or callback.pull.topic")),
+    };
+    let retry = req.retry.as_ref().map_or(RetryPolicy::default(), |r| RetryPolicy {
+        max_attempts: r.max_attempts,
+        initial_backoff_ms: r.initial_backoff_ms,
+        max_backoff_ms: r.max_backoff_ms,
+        give_up_after_ms: r.give_up_after_ms,
+    });
+    let spec = TimerSpec {
+        fire_time,
+        payload: req.payload.clone(),
+        labels: req.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+        callback,
+        retry,
+    };
+    validate::check_payload(&spec.payload, limits)?;
+    validate::check_labels(&spec.labels)?;
+    validate::check_callback(&spec.callback)?;
+    validate::check_retry(&spec.retry)?;
+    Ok(ValidCreate { target, spec })
+}
+
+/// Checks a reschedule request.
+pub fn reschedule(req: &pb::RescheduleTimerRequest, num_shards: u32) -> Result<ValidReschedule, NodeError> {
+    use pb::reschedule_timer_request::FireTime as F;
+    let target = key(&req.namespace, &req.id, num_shards)?;
+    if req.expected_generation == 0 {
+        return Err(NodeError::invalid("expected_generation", "give the generation you last saw (1 or more)"));
+    }
+    let fire_time = match req.fire_time {
+        Some(F::FireAtMs(at)) => fire_time(Some(at), None)?,
+        Some(F::DelayMs(d)) => fire_time(None, Some(d))?,
+        None => fire_time(None, None)?,
+    };
+    Ok(ValidReschedule { target, expected_generation: req.expected_generation, fire_time })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn field(e: NodeError) -> String {
+        match e {
+            NodeError::InvalidArgument { field, .. } => field,
+            other => panic!("not INVALID_ARGUMENT: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn one_fire_time_exactly() {
+        assert_eq!(fire_time(Some(5), None).unwrap(), FireTime::At(5));
+        assert_eq!(fire_time(None, Some(7)).unwrap(), FireTime::Delay(7));
+        assert_eq!(field(fire_time(Some(5), Some(7)).unwrap_err()), "delay_ms");
+        assert_eq!(field(fire_time(None, None).unwrap_err()), "fire_at_ms");
+    }
+
+    #[test]
+    fn a_create_is_checked_field_by_field_and_hashed_once() {
+        let limits = Limits::default();
+        let mut req = pb::CreateTimerRequest {
+            namespace: "orders".into(),
+            id: "o-1".into(),
+            fire_time: Some(pb::create_timer_request::FireTime::DelayMs(1000)),
+            callback: Some(pb::Callback { target: Some(pb::callback::Target::Pull(pb::Pull { topic: "t".into() })) }),
+            ..Default::default()
+        };
+        let valid = create(&req, &limits, 16).unwrap();
+        assert_eq!(valid.target.shard, tocsin_core::routing::shard_for("orders", "o-1", 16));
+        assert_eq!(valid.spec.fire_time, FireTime::Delay(1000));
+        req.namespace = String::new();
+        assert_eq!(field(create(&req, &limits, 16).unwrap_err()), "namespace");
+        req.namespace = "orders".into();
+        req.callback = None;
+        assert_eq!(field(create(&req, &limits, 16).unwrap_err()), "callback");
+    }
+}

@@ -1,0 +1,276 @@
+//! Writes: creates (one, and batches split per shard and per leader),
+//! cancels and reschedules, each proposed through its shard's proposer on
+//! the node that leads it.
+
+use std::collections::BTreeMap;
+use std::collections::HashMap;
+
+use tocsin_contract::json;
+use tocsin_core::Command;
+use tocsin_core::CommandResult;
+use tocsin_core::TimerKey;
+use tocsin_core::command::SkipReason;
+use tocsin_core::validate;
+use tocsin_proto::v1 as pb;
+use tonic::Response;
+use tonic::Status;
+
+use crate::api::parse;
+use crate::api::parse::Keyed;
+use crate::api::parse::ValidCreate;
+use crate::api::parse::ValidReschedule;
+use crate::api::timers::TimerApi;
+use crate::api::timers::leader_addr;
+use crate::error::NodeError;
+use crate::forward;
+use crate::shard::ShardCtx;
+
+impl TimerApi {
+    /// The create command, stamped with this leader's clock: the fire
+    /// time's range is checked here, against the clock that stamps it.
+    pub(super) fn create_command(&self, valid: ValidCreate) -> Result<Command, NodeError> {
+        let limits = self.limits();
+        let fire_at_ms = validate::resolve_fire_at(valid.spec.fire_time, self.node.clock.now_ms(), limits)?;
+        let retry = validate::effective_retry(&valid.spec.retry, limits);
+        Ok(Command::Create {
+            key: valid.target.key,
+            spec: valid.spec,
+            fire_at_ms,
+            retry,
+            retention_ms: limits.retention_ms,
+        })
+    }
+
+    pub(super) fn create_result(
+        &self,
+        ctx: &ShardCtx,
+        key: &TimerKey,
+        result: CommandResult,
+    ) -> Result<pb::CreateTimerResponse, NodeError> {
+        match result {
+            CommandResult::Created { record, created } => {
+                Ok(pb::CreateTimerResponse { timer: Some(json::timer_proto(ctx.shard, key, &record)), created })
+            }
+            CommandResult::AlreadyExists { .. } => {
+                Err(NodeError::AlreadyExists(format!("timer {key} already exists with a different spec")))
+            }
+            CommandResult::Skipped { reason: SkipReason::OverLimit } => {
+                Err(NodeError::invalid("payload", "exceeds the compiled-in hard limit"))
+            }
+            other => Err(NodeError::Internal(format!("unexpected create result {other:?}"))),
+        }
+    }
+
+    pub(super) async fn create_one(&self, valid: ValidCreate) -> Result<pb::CreateTimerResponse, NodeError> {
+        let ctx = self.node.shard(valid.target.shard)?;
+        let propose_error = |e| NodeError::from_propose(ctx.shard, e);
+        // Not the leader: answered before admission is charged, so the
+        // request is forwarded and charged only where it is proposed.
+        ctx.check_leader().map_err(propose_error)?;
+        self.node.admission.admit_create(&valid.target.key.namespace, 1)?;
+        ctx.proposer.admit_create().map_err(propose_error)?;
+        let key = valid.target.key.clone();
+        let command = self.create_command(valid)?;
+        let (_, result) = ctx.proposer.propose(command).await.map_err(propose_error)?;
+        self.create_result(&ctx, &key, result)
+    }
+
+    pub(super) async fn cancel(&self, target: Keyed) -> Result<pb::CancelTimerResponse, NodeError> {
+        let Keyed { key, shard } = target;
+        let ctx = self.node.shard(shard)?;
+        let (index, result) = ctx
+            .proposer
+            .propose(Command::Cancel { key: key.clone() })
+            .await
+            .map_err(|e| NodeError::from_propose(ctx.shard, e))?;
+        use pb::cancel_timer_response::Outcome;
+        let (outcome, record) = match result {
+            CommandResult::Cancelled { record } => (Outcome::Cancelled, Some(record)),
+            CommandResult::AlreadyCancelled { record } => (Outcome::AlreadyCancelled, Some(record)),
+            CommandResult::AlreadyFired { record } => (Outcome::AlreadyFired, Some(record)),
+            CommandResult::NotFound => (Outcome::NotFound, None),
+            other => return Err(NodeError::Internal(format!("unexpected cancel result {other:?}"))),
+        };
+        Ok(pb::CancelTimerResponse {
+            outcome: outcome as i32,
+            fire: record.as_ref().and_then(|r| json::fire_proto(ctx.shard, r)),
+            timer: record.as_ref().map(|r| json::timer_proto(ctx.shard, &key, r)),
+            applied_index: index,
+        })
+    }
+
+    pub(super) async fn reschedule(&self, valid: ValidReschedule) -> Result<pb::RescheduleTimerResponse, NodeError> {
+        let ValidReschedule { target: Keyed { key, shard }, expected_generation, fire_time } = valid;
+        let ctx = self.node.shard(shard)?;
+        let fire_at_ms = validate::resolve_fire_at(fire_time, self.node.clock.now_ms(), self.limits())?;
+        let command = Command::Reschedule { key: key.clone(), expected_generation, fire_at_ms };
+        let (_, result) = ctx.proposer.propose(command).await.map_err(|e| NodeError::from_propose(ctx.shard, e))?;
+        match result {
+            CommandResult::Rescheduled { record } => {
+                Ok(pb::RescheduleTimerResponse { timer: Some(json::timer_proto(ctx.shard, &key, &record)) })
+            }
+            CommandResult::GenerationMismatch { current } => Err(NodeError::FailedPrecondition(format!(
+                "generation is {current}, not {expected_generation}: the timer changed since you read it"
+            ))),
+            CommandResult::NotScheduled { state } => Err(NodeError::FailedPrecondition(format!(
+                "timer is {}; only SCHEDULED timers can be rescheduled",
+                state.name()
+            ))),
+            CommandResult::NotFound => Err(NodeError::NotFound(format!("no timer {key}"))),
+            other => Err(NodeError::Internal(format!("unexpected reschedule result {other:?}"))),
+        }
+    }
+
+    /// Creates a batch; every item gets its own result. Items are parsed
+    /// here once; each shard's items are charged admission and stamped
+    /// only if this node leads that shard (the rest are forwarded by the
+    /// caller and charged where they are proposed).
+    pub(super) async fn create_batch(
+        &self,
+        timers: &[pb::CreateTimerRequest],
+        map_epoch: u64,
+    ) -> Result<Vec<Result<pb::CreateTimerResponse, NodeError>>, NodeError> {
+        if timers.is_empty() {
+            return Err(NodeError::invalid("timers", "give at least one timer"));
+        }
+        if timers.len() > self.limits().max_batch {
+            return Err(NodeError::invalid("timers", format!("at most {} timers per call", self.limits().max_batch)));
+        }
+        let n = timers.len();
+        let mut results: Vec<Option<Result<pb::CreateTimerResponse, NodeError>>> = (0..n).map(|_| None).collect();
+        // Parse each; group the valid ones by shard.
+        let mut by_shard: BTreeMap<u32, Vec<(usize, ValidCreate)>> = BTreeMap::new();
+        for (i, item) in timers.iter().enumerate() {
+            match parse::create(item, self.limits(), self.node.config.num_shards) {
+                Ok(valid) => by_shard.entry(valid.target.shard).or_default().push((i, valid)),
+                Err(e) => results[i] = Some(Err(e)),
+            }
+        }
+        let futures = by_shard.into_iter().map(|(shard, items)| self.create_in_shard(shard, items, map_epoch));
+        for (i, result) in futures::future::join_all(futures).await.into_iter().flatten() {
+            results[i] = Some(result);
+        }
+        Ok(results.into_iter().map(|r| r.expect("every item has a result")).collect())
+    }
+
+    /// One shard's part of a batch.
+    pub(super) async fn create_in_shard(
+        &self,
+        shard: u32,
+        items: Vec<(usize, ValidCreate)>,
+        map_epoch: u64,
+    ) -> Vec<(usize, Result<pb::CreateTimerResponse, NodeError>)> {
+        let all_fail = |items: Vec<(usize, ValidCreate)>, e: NodeError| -> Vec<_> {
+            items.into_iter().map(|(i, _)| (i, Err(e.clone()))).collect()
+        };
+        let ctx = match self.node.check_route(shard, map_epoch).and_then(|()| self.node.shard(shard)) {
+            Ok(ctx) => ctx,
+            Err(e) => return all_fail(items, e),
+        };
+        if let Err(e) = ctx.check_leader().and_then(|()| ctx.proposer.admit_create()) {
+            return all_fail(items, NodeError::from_propose(ctx.shard, e));
+        }
+        let mut per_namespace: HashMap<&str, u64> = HashMap::new();
+        for (_, valid) in &items {
+            *per_namespace.entry(valid.target.key.namespace.as_str()).or_default() += 1;
+        }
+        let refused: HashMap<String, NodeError> = per_namespace
+            .into_iter()
+            .filter_map(|(ns, count)| self.node.admission.admit_create(ns, count).err().map(|e| (ns.to_string(), e)))
+            .collect();
+        let mut out = Vec::with_capacity(items.len());
+        let mut keys = Vec::with_capacity(items.len());
+        let mut commands = Vec::with_capacity(items.len());
+        for (i, valid) in items {
+            if let Some(e) = refused.get(&valid.target.key.namespace) {
+                out.push((i, Err(e.clone())));
+                continue;
+            }
+            let key = valid.target.key.clone();
+            match self.create_command(valid) {
+                Ok(command) => {
+                    keys.push((i, key));
+                    commands.push(command);
+                }
+                Err(e) => out.push((i, Err(e))),
+            }
+        }
+        let applied = ctx.proposer.propose_all(commands).await;
+        out.extend(keys.into_iter().zip(applied).map(|((i, key), result)| {
+            let result = result
+                .map_err(|e| NodeError::from_propose(ctx.shard, e))
+                .and_then(|(_, r)| self.create_result(&ctx, &key, r));
+            (i, result)
+        }));
+        out
+    }
+
+    /// `CreateTimers`: the items this node leads are created here; the
+    /// rest go to their leaders, one sub-batch per leader (unless this
+    /// request was forwarded already).
+    pub(super) async fn create_timers_routed(
+        &self,
+        originals: Vec<pb::CreateTimerRequest>,
+        map_epoch: u64,
+        forwarded: bool,
+    ) -> Result<Response<pb::CreateTimersResponse>, Status> {
+        let mut results = self.create_batch(&originals, map_epoch).await?;
+        let mut forwarded_to = None;
+        // Items whose shard another node leads go there, one sub-batch per leader.
+        if !forwarded {
+            let mut by_leader: BTreeMap<(String, u64), Vec<usize>> = BTreeMap::new();
+            for (i, r) in results.iter().enumerate() {
+                if let Err(e) = r
+                    && let Some(leader) = leader_addr(e)
+                {
+                    by_leader.entry(leader).or_default().push(i);
+                }
+            }
+            // The shard-aware client sends one shard's items per call: then
+            // one leader answered them all, and the client learns it.
+            let only_leader = match by_leader.keys().collect::<Vec<_>>().as_slice() {
+                [(_, id)] => Some(*id),
+                _ => None,
+            };
+            let calls = by_leader.into_iter().map(|((addr, _), positions)| {
+                let timers: Vec<pb::CreateTimerRequest> = positions.iter().map(|i| originals[*i].clone()).collect();
+                async move {
+                    let resp = self
+                        .forward(&addr, pb::CreateTimersRequest { timers }, None, |mut c, r| async move {
+                            c.create_timers(r).await
+                        })
+                        .await;
+                    (positions, resp)
+                }
+            });
+            for (positions, resp) in futures::future::join_all(calls).await {
+                let Ok(resp) = resp else { continue };
+                for (i, r) in positions.into_iter().zip(resp.results) {
+                    results[i] = match r.result {
+                        Some(pb::create_timer_result::Result::Ok(ok)) => Ok(ok),
+                        // Keep the leader's own error code.
+                        Some(pb::create_timer_result::Result::Error(info)) => {
+                            Err(NodeError::from_info(tocsin_contract::codes::code_from_name(&info.code), info))
+                        }
+                        None => continue,
+                    };
+                }
+            }
+            forwarded_to = only_leader;
+        }
+        let results = results
+            .into_iter()
+            .map(|r| pb::CreateTimerResult {
+                result: Some(match r {
+                    Ok(ok) => pb::create_timer_result::Result::Ok(ok),
+                    Err(e) => pb::create_timer_result::Result::Error(e.info()),
+                }),
+            })
+            .collect();
+        let mut resp = Response::new(pb::CreateTimersResponse { results });
+        if let Some(leader) = forwarded_to {
+            forward::mark_leader(&mut resp, leader);
+        }
+        Ok(resp)
+    }
+}

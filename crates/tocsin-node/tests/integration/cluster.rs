@@ -1,0 +1,109 @@
+//! An in-process cluster fixture: `n` `Node`s in this test's runtime, each
+//! with its own data directory and free loopback ports, as one cluster.
+
+use std::net::TcpListener;
+use std::time::Duration;
+
+use tocsin_node::Node;
+use tocsin_node::NodeConfig;
+use tocsin_proto::v1 as pb;
+use tocsin_proto::v1::timer_service_client::TimerServiceClient;
+use tonic::transport::Channel;
+
+/// `n` distinct ports nothing listens on right now (all held while picked).
+fn free_ports(n: usize) -> Vec<u16> {
+    let held: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
+    held.iter().map(|l| l.local_addr().unwrap().port()).collect()
+}
+
+pub struct Cluster {
+    pub nodes: Vec<Node>,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    /// Starts `n` nodes with `num_shards` shards, every shard on every node;
+    /// `tune(i, config)` adjusts node `i + 1`'s config. Waits until every
+    /// node's shards have leaders.
+    pub async fn start(n: usize, num_shards: u32, tune: impl Fn(usize, &mut NodeConfig)) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let ports = free_ports(2 * n);
+        let addr = |i: usize| format!("127.0.0.1:{}", ports[i]);
+        let initial: Vec<String> = (0..n).map(|i| format!("{}={}/{}", i + 1, addr(2 * i), addr(2 * i + 1))).collect();
+        let starts = (0..n).map(|i| {
+            let mut config = NodeConfig {
+                node_id: i as u64 + 1,
+                data_dir: dir.path().join(format!("node-{}", i + 1)),
+                grpc_listen: addr(2 * i),
+                http_listen: addr(2 * i + 1),
+                num_shards,
+                initial_cluster: if n > 1 { initial.clone() } else { Vec::new() },
+                replication_factor: n,
+                log: "warn".into(),
+                ..NodeConfig::default()
+            };
+            tune(i, &mut config);
+            async move { Node::start(config, None).await.expect("node starts") }
+        });
+        let nodes = futures::future::join_all(starts).await;
+        for node in &nodes {
+            assert!(node.wait_ready(Duration::from_secs(20)).await, "node {} has leaders", node.state.node_id);
+        }
+        Cluster { nodes, _dir: dir }
+    }
+
+    /// The node that leads `shard` by its own account (waits for one).
+    pub async fn leader_of(&self, shard: u32) -> usize {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            for (i, node) in self.nodes.iter().enumerate() {
+                if node.state.shards.get(shard).is_some_and(|ctx| ctx.check_leader().is_ok()) {
+                    return i;
+                }
+            }
+            assert!(tokio::time::Instant::now() < deadline, "shard {shard} has no leader");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// A gRPC client of node `i`'s `TimerService`.
+    pub async fn timers(&self, i: usize) -> TimerServiceClient<Channel> {
+        TimerServiceClient::connect(format!("http://{}", self.nodes[i].grpc_addr)).await.unwrap()
+    }
+
+    /// The applied index of `shard` on node `i`.
+    pub fn applied(&self, i: usize, shard: u32) -> u64 {
+        use openraft::async_runtime::WatchReceiver as _;
+        let ctx = self.nodes[i].state.shards.get(shard).expect("hosted");
+        ctx.raft.metrics().borrow_watched().last_applied.map_or(0, |l| l.index)
+    }
+
+    pub async fn shutdown(self) {
+        for node in self.nodes {
+            node.shutdown().await;
+        }
+    }
+}
+
+/// An id in `namespace` whose timer lives on `shard` (of `num_shards`).
+pub fn id_on_shard(namespace: &str, shard: u32, num_shards: u32, nth: usize) -> String {
+    (0..)
+        .map(|i| format!("k-{shard}-{i}"))
+        .filter(|id| tocsin_core::routing::shard_for(namespace, id, num_shards) == shard)
+        .nth(nth)
+        .unwrap()
+}
+
+pub fn pull_create(namespace: &str, id: &str, fire_at_ms: u64) -> pb::CreateTimerRequest {
+    pb::CreateTimerRequest {
+        namespace: namespace.into(),
+        id: id.into(),
+        fire_time: Some(pb::create_timer_request::FireTime::FireAtMs(fire_at_ms)),
+        callback: Some(pb::Callback { target: Some(pb::callback::Target::Pull(pb::Pull { topic: "t".into() })) }),
+        ..Default::default()
+    }
+}
+
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
