@@ -68,187 +68,53 @@ pub struct Node {
 }
 
 impl Node {
-    /// Opens the store, starts every hosted shard's group and serves.
+    /// Opens the store, starts every hosted shard's group and serves. The
+    /// order matters: listeners first (so a `:0` port is known before it is
+    /// written into Raft membership), then the shared state, every hosted
+    /// group reopened from the store, the servers, the first memberships of
+    /// a new cluster, and last the control loops.
     pub async fn start(config: NodeConfig, metrics: Option<PrometheusHandle>) -> Result<Node, StartError> {
         config.validate()?;
-        let grpc_listener = TcpListener::bind(&config.grpc_listen)
-            .await
-            .map_err(|source| StartError::Bind { addr: config.grpc_listen.clone(), source })?;
-        let http_listener = TcpListener::bind(&config.http_listen)
-            .await
-            .map_err(|source| StartError::Bind { addr: config.http_listen.clone(), source })?;
-        let grpc_addr = grpc_listener
-            .local_addr()
-            .map_err(|source| StartError::Bind { addr: config.grpc_listen.clone(), source })?;
-        let http_addr = http_listener
-            .local_addr()
-            .map_err(|source| StartError::Bind { addr: config.http_listen.clone(), source })?;
-        // Without an explicit advertise address a node advertises its own
-        // `initial_cluster` entry, or else the address it actually bound
-        // (which resolves a `:0` listen port).
-        let mut config = config;
-        if config.grpc_advertise.is_none() {
-            let own = config.grpc_advertise();
-            config.grpc_advertise = Some(if own == config.grpc_listen { grpc_addr.to_string() } else { own });
-        }
-        if config.http_advertise.is_none() {
-            let own = config.http_advertise();
-            config.http_advertise = Some(if own == config.http_listen { http_addr.to_string() } else { own });
-        }
-        let config = Arc::new(config);
-        let node_id = config.node_id;
-        let self_addr = NodeAddr { grpc_addr: config.grpc_advertise(), http_addr: config.http_advertise() };
-
+        let listeners = Listeners::bind(config).await?;
+        let config = listeners.config.clone();
         let store = Store::open(&StoreConfig::new(&config.data_dir))
             .map_err(|source| StartError::Store { path: config.data_dir.display().to_string(), source })?;
-
-        let secrets = config
-            .namespaces
-            .iter()
-            .filter_map(|(ns, c)| c.webhook_secret.as_ref().map(|s| (ns.clone(), signing::secret_bytes(s))))
-            .collect();
-        let webhook =
-            WebhookSender::new(config.delivery.clone(), secrets).map_err(|e| StartError::Webhook(e.to_string()))?;
-        let dispatcher =
-            Arc::new(Dispatcher { webhook: Arc::new(webhook), pull: PullHub::new(config.delivery.clone()) });
-        let admission = Admission::start(config.admission.clone(), config.data_dir.clone());
-
-        // Placement on the first start: each shard's replicas by the token
-        // ring over the initial members (all of them when there are no more
-        // members than replicas); a joining node starts with none. Later
-        // starts reopen exactly the replicas recorded in the store, however
-        // membership changed since.
-        let members = config.initial_members()?;
-        let ring = tocsin_core::routing::Ring::new(members.iter().map(|m| m.0));
-        let rf = config.replication_factor.min(members.len());
-        let store_err = |source| StartError::Store { path: config.data_dir.display().to_string(), source };
-        let recorded = store.hosted_groups().map_err(store_err)?;
-        // The metadata group starts on the lowest-id initial members.
-        let meta_voters = crate::control::meta::initial_voters(&members);
-        let (hosted, host_meta, bootstrapped): (Vec<ShardId>, bool, bool) = match &recorded {
-            Some(h) => (
-                h.groups.iter().filter(|g| **g < u64::from(config.num_shards)).map(|g| *g as ShardId).collect(),
-                h.groups.contains(&tocsin_store::keys::META_GROUP),
-                h.bootstrapped,
-            ),
-            None if config.join => (Vec::new(), false, true),
-            None => (
-                (0..config.num_shards).filter(|s| ring.replicas(*s, rf).contains(&node_id)).collect(),
-                meta_voters.contains(&node_id),
-                false,
-            ),
-        };
-        let clock = Clock::system(config.max_clock_offset_ms);
+        let placement = Placement::of(&config, &store)?;
         let raft_runtime = SideRuntime::start_raft().map_err(StartError::Runtime)?;
         let fire_runtime = SideRuntime::start_fire().map_err(StartError::Runtime)?;
-        admission.watch_fire_lag(fire_runtime.lag_us());
-        let router = Router::new(
-            node_id,
-            Duration::from_millis(config.raft.rpc_timeout_ms),
-            clock.clone(),
-            raft_runtime.handle().clone(),
-        );
-        for (id, grpc, _) in &members {
-            if *id != node_id {
-                router.set_addr(*id, grpc);
-            }
-        }
-
-        let state = Arc::new(NodeState {
-            config: config.clone(),
-            node_id,
-            self_addr: self_addr.clone(),
-            clock: clock.clone(),
-            store: store.clone(),
-            shards: ShardTable::default(),
-            groups: Groups::default(),
-            router,
-            raft_config: openraft_config(&config.raft),
-            raft_runtime: raft_runtime.handle().clone(),
-            fire_runtime: fire_runtime.handle().clone(),
-            hosting: tokio::sync::Mutex::new(()),
-            dispatcher: dispatcher.clone(),
-            admission,
-            metrics,
-            forwarder: Arc::new(Forwarder::new(Duration::from_millis(config.admission.request_timeout_ms))),
-            remote_view: std::sync::RwLock::new(None),
-            meta: std::sync::RwLock::new(None),
-            map: MapCache::default(),
-            moves: Arc::new(tokio::sync::Semaphore::new(MOVES_AT_ONCE)),
-            shutting_down: AtomicBool::new(false),
-        });
-        if host_meta {
+        let state = shared_state(&config, store.clone(), metrics, &placement, &raft_runtime, &fire_runtime)?;
+        if placement.host_meta {
             state.open_meta().await?;
             state.local_map().await;
         }
-        for shard in &hosted {
+        for shard in &placement.hosted {
             state.open_shard(*shard).await?;
         }
-        state.persist_hosted(bootstrapped).await?;
+        state.persist_hosted(placement.bootstrapped).await?;
 
         let (shutdown, shutdown_rx) = watch::channel(false);
+        let Listeners { grpc, http, grpc_addr, http_addr, .. } = listeners;
         let servers = vec![
             // Raft's links are accepted and served on the Raft runtime; every
             // other connection (gRPC) is served here, on the work runtime.
             tokio::spawn(serve_grpc(
                 state.clone(),
-                grpc_listener,
+                grpc,
                 store.path().join("spool"),
                 shutdown_rx.clone(),
                 raft_runtime.handle().clone(),
             )),
-            tokio::spawn(serve_http(state.clone(), http_listener, shutdown_rx)),
+            tokio::spawn(serve_http(state.clone(), http, shutdown_rx)),
         ];
-
-        // Until the first start has bootstrapped, the lowest-id replica of
-        // each shard writes its first membership. Never afterwards: a replica
-        // hosted later waits, uninitialized, to be added by its leader.
-        if !bootstrapped {
-            let voters_of = |ids: &[u64]| -> BTreeMap<u64, NodeAddr> {
-                members
-                    .iter()
-                    .filter(|m| ids.contains(&m.0))
-                    .map(|(id, grpc, http)| {
-                        let addr = if *id == node_id {
-                            self_addr.clone()
-                        } else {
-                            NodeAddr { grpc_addr: grpc.clone(), http_addr: http.clone() }
-                        };
-                        (*id, addr)
-                    })
-                    .collect()
-            };
-            if let Some(meta) = state.meta()
-                && meta_voters.first() == Some(&node_id)
-                && !meta.raft.is_initialized().await.unwrap_or(true)
-            {
-                let voters = voters_of(meta_voters.as_slice());
-                if let Err(e) = meta.raft.initialize(voters).await {
-                    tracing::warn!(error = %e, "initializing the metadata group failed (already initialized?)");
-                }
-            }
-            for shard in &hosted {
-                let replicas = ring.replicas(*shard, rf);
-                if replicas.iter().min() != Some(&node_id) {
-                    continue;
-                }
-                let voters = voters_of(replicas.as_slice());
-                let Some(ctx) = state.shards.get(*shard) else { continue };
-                if !ctx.raft.is_initialized().await.unwrap_or(true)
-                    && let Err(e) = ctx.raft.initialize(voters).await
-                {
-                    tracing::warn!(shard, error = %e, "initializing a group failed (already initialized elsewhere?)");
-                }
-            }
-            state.persist_hosted(true).await?;
+        if !placement.bootstrapped {
+            placement.bootstrap(&state).await?;
         }
-
         let supervisors = vec![
             tokio::spawn(crate::control::balance::run(state.clone())),
             tokio::spawn(crate::control::reconcile::run(state.clone())),
             tokio::spawn(crate::control::balance::watch_health(state.clone())),
         ];
-        tracing::info!(node_id, %grpc_addr, %http_addr, shards = config.num_shards, hosted = hosted.len(), metadata = host_meta, data = %config.data_dir.display(), "node started");
+        tracing::info!(node_id = config.node_id, %grpc_addr, %http_addr, shards = config.num_shards, hosted = placement.hosted.len(), metadata = placement.host_meta, data = %config.data_dir.display(), "node started");
         Ok(Node { state, grpc_addr, http_addr, shutdown, servers, supervisors, raft_runtime, fire_runtime })
     }
 
@@ -295,6 +161,192 @@ impl Node {
         drop(self.fire_runtime);
         drop(self.raft_runtime);
     }
+}
+
+/// The bound listeners, and the config with its advertised addresses
+/// resolved.
+struct Listeners {
+    config: Arc<NodeConfig>,
+    grpc: TcpListener,
+    http: TcpListener,
+    grpc_addr: SocketAddr,
+    http_addr: SocketAddr,
+}
+
+impl Listeners {
+    async fn bind(mut config: NodeConfig) -> Result<Listeners, StartError> {
+        let bind = |addr: &String| {
+            let addr = addr.clone();
+            async move {
+                let listener =
+                    TcpListener::bind(&addr).await.map_err(|source| StartError::Bind { addr: addr.clone(), source })?;
+                let local = listener.local_addr().map_err(|source| StartError::Bind { addr, source })?;
+                Ok::<_, StartError>((listener, local))
+            }
+        };
+        let (grpc, grpc_addr) = bind(&config.grpc_listen).await?;
+        let (http, http_addr) = bind(&config.http_listen).await?;
+        // Without an explicit advertise address a node advertises its own
+        // `initial_cluster` entry, or else the address it actually bound
+        // (which resolves a `:0` listen port).
+        if config.grpc_advertise.is_none() {
+            let own = config.grpc_advertise();
+            config.grpc_advertise = Some(if own == config.grpc_listen { grpc_addr.to_string() } else { own });
+        }
+        if config.http_advertise.is_none() {
+            let own = config.http_advertise();
+            config.http_advertise = Some(if own == config.http_listen { http_addr.to_string() } else { own });
+        }
+        Ok(Listeners { config: Arc::new(config), grpc, http, grpc_addr, http_addr })
+    }
+}
+
+/// Which groups this node hosts, and whether the cluster still needs its
+/// first memberships written.
+struct Placement {
+    /// Initial members: `(id, grpc, http)`.
+    members: Vec<(u64, String, String)>,
+    ring: tocsin_core::routing::Ring,
+    replication: usize,
+    meta_voters: Vec<u64>,
+    hosted: Vec<ShardId>,
+    host_meta: bool,
+    bootstrapped: bool,
+}
+
+impl Placement {
+    /// On the first start: each shard's replicas by the token ring over the
+    /// initial members (all of them when there are no more members than
+    /// replicas); a joining node starts with none. Later starts reopen
+    /// exactly the replicas recorded in the store, however membership
+    /// changed since.
+    fn of(config: &NodeConfig, store: &Store) -> Result<Placement, StartError> {
+        let members = config.initial_members()?;
+        let ring = tocsin_core::routing::Ring::new(members.iter().map(|m| m.0));
+        let replication = config.replication_factor.min(members.len());
+        let store_err = |source| StartError::Store { path: config.data_dir.display().to_string(), source };
+        let recorded = store.hosted_groups().map_err(store_err)?;
+        // The metadata group starts on the lowest-id initial members.
+        let meta_voters = crate::control::meta::initial_voters(&members);
+        let node_id = config.node_id;
+        let (hosted, host_meta, bootstrapped): (Vec<ShardId>, bool, bool) = match &recorded {
+            Some(h) => (
+                h.groups.iter().filter(|g| **g < u64::from(config.num_shards)).map(|g| *g as ShardId).collect(),
+                h.groups.contains(&tocsin_store::keys::META_GROUP),
+                h.bootstrapped,
+            ),
+            None if config.join => (Vec::new(), false, true),
+            None => (
+                (0..config.num_shards).filter(|s| ring.replicas(*s, replication).contains(&node_id)).collect(),
+                meta_voters.contains(&node_id),
+                false,
+            ),
+        };
+        Ok(Placement { members, ring, replication, meta_voters, hosted, host_meta, bootstrapped })
+    }
+
+    /// Until the first start has bootstrapped, the lowest-id replica of
+    /// each group writes its first membership. Never afterwards: a replica
+    /// hosted later waits, uninitialized, to be added by its leader.
+    async fn bootstrap(&self, state: &Arc<NodeState>) -> Result<(), StartError> {
+        let node_id = state.node_id;
+        let voters_of = |ids: &[u64]| -> BTreeMap<u64, NodeAddr> {
+            self.members
+                .iter()
+                .filter(|m| ids.contains(&m.0))
+                .map(|(id, grpc, http)| {
+                    let addr = if *id == node_id {
+                        state.self_addr.clone()
+                    } else {
+                        NodeAddr { grpc_addr: grpc.clone(), http_addr: http.clone() }
+                    };
+                    (*id, addr)
+                })
+                .collect()
+        };
+        if let Some(meta) = state.meta()
+            && self.meta_voters.first() == Some(&node_id)
+            && !meta.raft.is_initialized().await.unwrap_or(true)
+        {
+            let voters = voters_of(self.meta_voters.as_slice());
+            if let Err(e) = meta.raft.initialize(voters).await {
+                tracing::warn!(error = %e, "initializing the metadata group failed (already initialized?)");
+            }
+        }
+        for shard in &self.hosted {
+            let replicas = self.ring.replicas(*shard, self.replication);
+            if replicas.iter().min() != Some(&node_id) {
+                continue;
+            }
+            let voters = voters_of(replicas.as_slice());
+            let Some(ctx) = state.shards.get(*shard) else { continue };
+            if !ctx.raft.is_initialized().await.unwrap_or(true)
+                && let Err(e) = ctx.raft.initialize(voters).await
+            {
+                tracing::warn!(shard, error = %e, "initializing a group failed (already initialized elsewhere?)");
+            }
+        }
+        state.persist_hosted(true).await
+    }
+}
+
+/// Builds what every handler and background task shares: delivery,
+/// admission, the Raft router (told the initial members' addresses), and
+/// the runtimes' handles.
+fn shared_state(
+    config: &Arc<NodeConfig>,
+    store: Arc<Store>,
+    metrics: Option<PrometheusHandle>,
+    placement: &Placement,
+    raft_runtime: &SideRuntime,
+    fire_runtime: &SideRuntime,
+) -> Result<Arc<NodeState>, StartError> {
+    let node_id = config.node_id;
+    let secrets = config
+        .namespaces
+        .iter()
+        .filter_map(|(ns, c)| c.webhook_secret.as_ref().map(|s| (ns.clone(), signing::secret_bytes(s))))
+        .collect();
+    let webhook =
+        WebhookSender::new(config.delivery.clone(), secrets).map_err(|e| StartError::Webhook(e.to_string()))?;
+    let dispatcher = Arc::new(Dispatcher { webhook: Arc::new(webhook), pull: PullHub::new(config.delivery.clone()) });
+    let admission = Admission::start(config.admission.clone(), config.data_dir.clone());
+    admission.watch_fire_lag(fire_runtime.lag_us());
+    let clock = Clock::system(config.max_clock_offset_ms);
+    let router = Router::new(
+        node_id,
+        Duration::from_millis(config.raft.rpc_timeout_ms),
+        clock.clone(),
+        raft_runtime.handle().clone(),
+    );
+    for (id, grpc, _) in &placement.members {
+        if *id != node_id {
+            router.set_addr(*id, grpc);
+        }
+    }
+    Ok(Arc::new(NodeState {
+        config: config.clone(),
+        node_id,
+        self_addr: NodeAddr { grpc_addr: config.grpc_advertise(), http_addr: config.http_advertise() },
+        clock,
+        store,
+        shards: ShardTable::default(),
+        groups: Groups::default(),
+        router,
+        raft_config: openraft_config(&config.raft),
+        raft_runtime: raft_runtime.handle().clone(),
+        fire_runtime: fire_runtime.handle().clone(),
+        hosting: tokio::sync::Mutex::new(()),
+        dispatcher,
+        admission,
+        metrics,
+        forwarder: Arc::new(Forwarder::new(Duration::from_millis(config.admission.request_timeout_ms))),
+        remote_view: std::sync::RwLock::new(None),
+        meta: std::sync::RwLock::new(None),
+        map: MapCache::default(),
+        moves: Arc::new(tokio::sync::Semaphore::new(MOVES_AT_ONCE)),
+        shutting_down: AtomicBool::new(false),
+    }))
 }
 
 /// See `serve_grpc`.

@@ -344,4 +344,19 @@ fn the_contract_links_no_storage_or_consensus() {
     );
     let sink = std::fs::read_to_string(root().join("crates/tocsin-cli/src/sink.rs")).unwrap();
     assert!(!sink.contains("tocsin_node"), "the sink must build without the server");
+    // The client-side binary's resolved tree, as `cargo build -p tocsin-cli
+    // --no-default-features` would build it.
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = std::process::Command::new(cargo)
+        .args(["tree", "-p", "tocsin-cli", "--no-default-features", "-e", "normal", "--offline", "--prefix", "none"])
+        .args(["--target", "x86_64-unknown-linux-gnu"])
+        .current_dir(root())
+        .output()
+        .expect("cargo tree runs");
+    assert!(out.status.success(), "cargo tree: {}", String::from_utf8_lossy(&out.stderr));
+    let tree = String::from_utf8_lossy(&out.stdout);
+    assert!(tree.lines().any(|l| l.starts_with("tocsin-contract ")), "the tree lists the contract:\n{tree}");
+    for banned in ["librocksdb-sys ", "rocksdb ", "openraft ", "tocsin-node ", "tocsin-store "] {
+        assert!(!tree.lines().any(|l| l.starts_with(banned)), "a client-side tocsin links {banned}");
+    }
 }

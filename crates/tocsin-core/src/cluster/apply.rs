@@ -1,0 +1,203 @@
+//! How the cluster map changes: [`apply_cluster`], the metadata group's
+//! apply rule (bootstrap, compare-and-set map changes).
+
+use crate::ShardId;
+use crate::routing::Ring;
+
+use super::ClusterCommand;
+use super::ClusterMap;
+use super::ClusterOutcome;
+use super::MAX_ADDR_BYTES;
+use super::MAX_NODES;
+use super::MAX_REPLICAS;
+use super::MapChange;
+use super::MapError;
+use super::MapNode;
+use super::NewNode;
+use super::NodeStatus;
+use super::Placement;
+use super::plan::sorted;
+
+/// Applies one command to `map` at the leader's time `now_ms`. A refused
+/// command leaves `map` as it was. `Err` means the stored map itself breaks
+/// a rule: the caller stops the group.
+pub fn apply_cluster(map: &mut ClusterMap, cmd: &ClusterCommand, now_ms: u64) -> Result<ClusterOutcome, String> {
+    map.check().map_err(|e| format!("the stored cluster map at epoch {} is corrupt: {e}", map.epoch))?;
+    let result = match cmd {
+        ClusterCommand::Bootstrap { num_shards, replication_factor, nodes } => {
+            if map.is_bootstrapped() {
+                return Ok(ClusterOutcome::Unchanged { epoch: map.epoch });
+            }
+            bootstrap(*num_shards, *replication_factor, nodes, now_ms)
+        }
+        ClusterCommand::Change(change) => change_map(map, change, now_ms),
+    };
+    Ok(match result {
+        Ok(Some(next)) => {
+            *map = next;
+            ClusterOutcome::Changed { epoch: map.epoch }
+        }
+        Ok(None) => ClusterOutcome::Unchanged { epoch: map.epoch },
+        Err(error) => ClusterOutcome::Refused { epoch: map.epoch, error },
+    })
+}
+
+fn check_new_node(node: &NewNode) -> Result<(), MapError> {
+    if node.id == 0 {
+        return Err(MapError::Invalid("node ids start at 1".into()));
+    }
+    if node.grpc_addr.is_empty() {
+        return Err(MapError::Invalid(format!("node {} needs a grpc address", node.id)));
+    }
+    if node.grpc_addr.len() > MAX_ADDR_BYTES || node.http_addr.len() > MAX_ADDR_BYTES {
+        return Err(MapError::Invalid(format!("node {}'s address is longer than {MAX_ADDR_BYTES} bytes", node.id)));
+    }
+    Ok(())
+}
+
+fn bootstrap(
+    num_shards: u32,
+    replication_factor: u32,
+    nodes: &[NewNode],
+    now_ms: u64,
+) -> Result<Option<ClusterMap>, MapError> {
+    if num_shards == 0 || replication_factor == 0 || nodes.is_empty() {
+        return Err(MapError::Invalid("a cluster needs shards, a replication factor and a node".into()));
+    }
+    let mut map = ClusterMap { epoch: 1, num_shards, replication_factor, changed_at_ms: now_ms, ..Default::default() };
+    for n in nodes {
+        check_new_node(n)?;
+        let entry = MapNode {
+            grpc_addr: n.grpc_addr.clone(),
+            http_addr: n.http_addr.clone(),
+            status: NodeStatus::Active,
+            since_epoch: 1,
+        };
+        if map.nodes.insert(n.id, entry).is_some() {
+            return Err(MapError::Invalid(format!("node {} is named twice", n.id)));
+        }
+    }
+    map.ring = map.ring_over_eligible();
+    let ring = Ring::from_tokens(map.ring.clone());
+    let rf = (replication_factor as usize).min(map.nodes.len());
+    map.shards = (0..num_shards).map(|s| Placement { replicas: sorted(ring.replicas(s, rf)), epoch: 1 }).collect();
+    map.check().map_err(MapError::Invalid)?;
+    Ok(Some(map))
+}
+
+fn change_map(map: &ClusterMap, change: &MapChange, now_ms: u64) -> Result<Option<ClusterMap>, MapError> {
+    if !map.is_bootstrapped() {
+        return Err(MapError::NotBootstrapped);
+    }
+    if change.expected_epoch != map.epoch {
+        return Err(MapError::StaleEpoch { expected: change.expected_epoch, current: map.epoch });
+    }
+    let epoch = map.epoch + 1;
+    let mut next = map.clone();
+    let mut changed = false;
+    for n in &change.add {
+        check_new_node(n)?;
+        match next.nodes.get(&n.id) {
+            Some(e) if e.status == NodeStatus::Removed => {
+                return Err(MapError::IdRetired { id: n.id, epoch: e.since_epoch });
+            }
+            Some(e) if e.grpc_addr == n.grpc_addr => {}
+            Some(e) => return Err(MapError::IdTaken { id: n.id, grpc_addr: e.grpc_addr.clone() }),
+            None => {
+                if let Some((id, _)) =
+                    next.nodes.iter().find(|(_, e)| e.status != NodeStatus::Removed && e.grpc_addr == n.grpc_addr)
+                {
+                    return Err(MapError::AddressTaken { addr: n.grpc_addr.clone(), id: *id });
+                }
+                let entry = MapNode {
+                    grpc_addr: n.grpc_addr.clone(),
+                    http_addr: n.http_addr.clone(),
+                    status: NodeStatus::Joining,
+                    since_epoch: epoch,
+                };
+                next.nodes.insert(n.id, entry);
+                changed = true;
+            }
+        }
+    }
+    if next.nodes.len() > MAX_NODES {
+        return Err(MapError::Invalid(format!("a cluster map holds at most {MAX_NODES} nodes")));
+    }
+    for (id, to) in &change.status {
+        let entry = next.nodes.get_mut(id).ok_or(MapError::UnknownNode(*id))?;
+        let from = entry.status;
+        if from == *to {
+            continue;
+        }
+        // Removed is final; nothing returns to Joining. Whether a node
+        // that leaves still holds replicas is the placement rule's call.
+        let allowed = match from {
+            NodeStatus::Joining => true,
+            NodeStatus::Active | NodeStatus::Draining => *to != NodeStatus::Joining,
+            NodeStatus::Removed => false,
+        };
+        if !allowed {
+            return Err(MapError::BadTransition { id: *id, from, to: *to });
+        }
+        entry.status = *to;
+        entry.since_epoch = epoch;
+        changed = true;
+    }
+    for (shard, replicas) in &change.placements {
+        let slot = next.shards.get_mut(*shard as usize).ok_or_else(|| MapError::BadPlacement {
+            shard: *shard,
+            message: format!("there are only {} shards", map.num_shards),
+        })?;
+        let target = sorted(replicas.clone());
+        if target.len() != replicas.len() {
+            return Err(MapError::BadPlacement { shard: *shard, message: format!("{replicas:?} names a node twice") });
+        }
+        // More copies than the replication factor are never a target: a
+        // later drain plans for the factor and would leave the extra copy.
+        if target.len() > map.replication_factor as usize {
+            return Err(MapError::BadPlacement {
+                shard: *shard,
+                message: format!(
+                    "{replicas:?} names {} nodes, more than the replication factor of {}",
+                    target.len(),
+                    map.replication_factor
+                ),
+            });
+        }
+        if slot.replicas != target {
+            slot.replicas = target;
+            slot.epoch = epoch;
+            changed = true;
+        }
+    }
+    if !changed {
+        return Ok(None);
+    }
+    // Which rule a change breaks, in the operator's terms.
+    for (shard, p) in next.shards.iter().enumerate() {
+        let shard = shard as ShardId;
+        if p.replicas.is_empty() || p.replicas.len() > MAX_REPLICAS {
+            return Err(MapError::BadPlacement {
+                shard,
+                message: format!("needs 1 to {MAX_REPLICAS} replicas, not {}", p.replicas.len()),
+            });
+        }
+        for id in &p.replicas {
+            match next.status(*id) {
+                None => return Err(MapError::UnknownNode(*id)),
+                Some(s) if !s.may_hold_replicas() => {
+                    return Err(MapError::BadPlacement {
+                        shard,
+                        message: format!("node {id} is {} and may hold no replica", s.name()),
+                    });
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    next.epoch = epoch;
+    next.changed_at_ms = now_ms;
+    next.ring = next.ring_over_eligible();
+    next.check().map_err(MapError::Invalid)?;
+    Ok(Some(next))
+}
