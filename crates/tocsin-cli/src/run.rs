@@ -138,7 +138,8 @@ fn node_id_from_hostname(host: &str) -> Option<u64> {
 }
 
 pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
-    let mut config = NodeConfig::load(args.config.as_deref(), std::env::vars()).context("loading the config")?;
+    let (mut config, ignored) =
+        NodeConfig::load_reporting(args.config.as_deref(), std::env::vars()).context("loading the config")?;
     if let Some(v) = args.node_id {
         config.node_id = v;
     }
@@ -173,6 +174,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     config.validate().context("invalid configuration")?;
     init_logging(&config.log);
+    for name in ignored {
+        tracing::warn!(
+            variable = %name,
+            "ignoring a TOCSIN_* environment variable that names no setting (Kubernetes sets TOCSIN_SERVICE_* and TOCSIN_PORT* for a Service named tocsin)"
+        );
+    }
     run_until_signal(config, |node| {
         println!("ready grpc={} http={}", node.grpc_addr, node.http_addr);
     })

@@ -5,6 +5,13 @@
 //! `TOCSIN_` + its path in upper case, with `__` between table and key:
 //! `TOCSIN_NODE_ID=2`, `TOCSIN_LIMITS__MAX_PAYLOAD_BYTES=131072`. Values are
 //! parsed as TOML (numbers, booleans, arrays) and fall back to strings.
+//!
+//! Only variables that name a setting are read. Any other `TOCSIN_*`
+//! variable is ignored and reported ([`NodeConfig::load_reporting`]), never
+//! fatal: the CLI reads `TOCSIN_ADDR` itself, and Kubernetes injects
+//! `TOCSIN_SERVICE_HOST`, `TOCSIN_PORT` and the like into every pod of a
+//! namespace with a Service named `tocsin`. A typo in the TOML file is
+//! still an error.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -234,6 +241,48 @@ pub struct NamespaceConfig {
     pub webhook_secret: Option<String>,
 }
 
+/// `TOCSIN_*` variables the CLI reads itself (after the prefix).
+const NOT_SETTINGS: [&str; 1] = ["ADDR"];
+
+/// Whether `path` (lower case, from `TOCSIN_A__B`) names a setting: a leaf
+/// of the config's schema, or a field of one namespace's settings
+/// (`namespaces.<name>.<field>`).
+fn is_setting(path: &[String]) -> bool {
+    static LEAVES: std::sync::LazyLock<std::collections::BTreeSet<Vec<String>>> = std::sync::LazyLock::new(|| {
+        // The schema's leaves, from the defaults with every optional setting
+        // filled in (an absent `Option` serializes to nothing).
+        let config = NodeConfig {
+            grpc_advertise: Some(String::new()),
+            http_advertise: Some(String::new()),
+            ..NodeConfig::default()
+        };
+        let mut leaves = std::collections::BTreeSet::new();
+        collect_leaves(&toml::Table::try_from(&config).expect("the config serializes"), &mut Vec::new(), &mut leaves);
+        leaves
+    });
+    static NAMESPACE_FIELDS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
+        let ns = NamespaceConfig { webhook_secret: Some(String::new()) };
+        toml::Table::try_from(&ns).expect("namespace settings serialize").keys().cloned().collect()
+    });
+    match path {
+        [first, _name, field] if first == "namespaces" => NAMESPACE_FIELDS.contains(field),
+        _ => LEAVES.contains(path),
+    }
+}
+
+fn collect_leaves(table: &toml::Table, prefix: &mut Vec<String>, out: &mut std::collections::BTreeSet<Vec<String>>) {
+    for (key, value) in table {
+        prefix.push(key.clone());
+        match value {
+            toml::Value::Table(t) if !t.is_empty() => collect_leaves(t, prefix, out),
+            _ => {
+                out.insert(prefix.clone());
+            }
+        }
+        prefix.pop();
+    }
+}
+
 /// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -252,6 +301,17 @@ impl NodeConfig {
         path: Option<&std::path::Path>,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<NodeConfig, ConfigError> {
+        Ok(NodeConfig::load_reporting(path, env)?.0)
+    }
+
+    /// [`NodeConfig::load`], also returning the names of the `TOCSIN_*`
+    /// variables it ignored because they name no setting, for the caller to
+    /// warn about once logging is up.
+    pub fn load_reporting(
+        path: Option<&std::path::Path>,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(NodeConfig, Vec<String>), ConfigError> {
+        let mut ignored = Vec::new();
         let mut doc: toml::Table = match path {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
@@ -262,17 +322,23 @@ impl NodeConfig {
         };
         for (name, value) in env {
             let Some(rest) = name.strip_prefix("TOCSIN_") else { continue };
-            // Test hooks (`TOCSIN_TEST_CLOCK_OFFSET_FILE`), not settings.
-            if rest.starts_with("TEST_") {
+            // Test hooks (`TOCSIN_TEST_CLOCK_OFFSET_FILE`) and the CLI's own
+            // variables: not settings, and expected.
+            if rest.starts_with("TEST_") || NOT_SETTINGS.contains(&rest) {
                 continue;
             }
             let path: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
+            if !is_setting(&path) {
+                ignored.push(name);
+                continue;
+            }
             set_path(&mut doc, &path, parse_scalar(&value));
         }
         let config: NodeConfig =
             toml::Value::Table(doc).try_into().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
         config.validate()?;
-        Ok(config)
+        ignored.sort();
+        Ok((config, ignored))
     }
 
     pub fn validate(&self) -> Result<(), ConfigError> {
@@ -460,8 +526,54 @@ mod tests {
     fn bad_settings_name_the_field() {
         let err = NodeConfig::load(None, [("TOCSIN_NUM_SHARDS".to_string(), "0".to_string())]).unwrap_err();
         assert!(err.to_string().starts_with("num_shards:"), "{err}");
-        let err = NodeConfig::load(None, [("TOCSIN_BOGUS".to_string(), "1".to_string())]).unwrap_err();
-        assert!(err.to_string().contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn variables_that_name_no_setting_are_reported_not_fatal() {
+        let var = |k: &str, v: &str| (k.to_string(), v.to_string());
+        // What Kubernetes injects for a Service named `tocsin`, the CLI's own
+        // variable, a typo, and two real settings.
+        let env = [
+            var("TOCSIN_SERVICE_HOST", "10.96.0.10"),
+            var("TOCSIN_SERVICE_PORT", "7070"),
+            var("TOCSIN_SERVICE_PORT_GRPC", "7070"),
+            var("TOCSIN_PORT", "tcp://10.96.0.10:7070"),
+            var("TOCSIN_PORT_7070_TCP", "tcp://10.96.0.10:7070"),
+            var("TOCSIN_PORT_7070_TCP_ADDR", "10.96.0.10"),
+            var("TOCSIN_ADDR", "127.0.0.1:7070"),
+            var("TOCSIN_BOGUS", "1"),
+            var("TOCSIN_NODE_ID", "2"),
+            var("TOCSIN_NAMESPACES__ORDERS__WEBHOOK_SECRET", "a-secret-of-at-least-24-bytes"),
+        ];
+        let (c, ignored) = NodeConfig::load_reporting(None, env).unwrap();
+        assert_eq!(c.node_id, 2);
+        assert_eq!(c.namespaces["orders"].webhook_secret.as_deref(), Some("a-secret-of-at-least-24-bytes"));
+        assert_eq!(
+            ignored,
+            [
+                "TOCSIN_BOGUS",
+                "TOCSIN_PORT",
+                "TOCSIN_PORT_7070_TCP",
+                "TOCSIN_PORT_7070_TCP_ADDR",
+                "TOCSIN_SERVICE_HOST",
+                "TOCSIN_SERVICE_PORT",
+                "TOCSIN_SERVICE_PORT_GRPC",
+            ]
+        );
+        // A bad value of a real setting is still an error.
+        let err = NodeConfig::load(None, [var("TOCSIN_NUM_SHARDS", "many")]).unwrap_err();
+        assert!(err.to_string().contains("num_shards"), "{err}");
+    }
+
+    #[test]
+    fn every_setting_of_the_example_file_is_a_setting() {
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../deploy/tocsin.example.toml");
+        let doc: toml::Table = std::fs::read_to_string(path).unwrap().parse().unwrap();
+        let mut leaves = std::collections::BTreeSet::new();
+        collect_leaves(&doc, &mut Vec::new(), &mut leaves);
+        for leaf in leaves {
+            assert!(is_setting(&leaf), "{leaf:?} cannot be set from the environment");
+        }
     }
 
     #[test]

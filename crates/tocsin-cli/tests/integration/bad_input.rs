@@ -1,6 +1,7 @@
 //! Every validation rule, over gRPC and over HTTP, with the exact error code
 //! (and, for bad arguments, the field) asserted; plus the create-rate limit
-//! and the free-disk watermark.
+//! and the free-disk watermark; and a node started among environment
+//! variables that are not its settings.
 
 use prost::Message;
 use tocsin_client::v1 as pb;
@@ -312,4 +313,42 @@ async fn rate_limit_and_disk_watermark_refuse_creates() {
     assert!(resp.headers().contains_key("retry-after"));
     let err = grpc.get_timer(pb::GetTimerRequest { namespace: "full".into(), id: "f-1".into() }).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound, "reads still work");
+}
+
+/// Kubernetes injects `TOCSIN_SERVICE_HOST`, `TOCSIN_PORT` and the like into
+/// every pod of a namespace with a Service named `tocsin`, and the CLI reads
+/// `TOCSIN_ADDR`: `tocsin serve` starts anyway, says which it ignored, and
+/// still reads its real settings from the environment.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_starts_among_kubernetes_service_variables() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(
+        dir.path(),
+        &[
+            ("TOCSIN_SERVICE_HOST", "10.96.0.10"),
+            ("TOCSIN_SERVICE_PORT", "7070"),
+            ("TOCSIN_SERVICE_PORT_GRPC", "7070"),
+            ("TOCSIN_PORT", "tcp://10.96.0.10:7070"),
+            ("TOCSIN_PORT_7070_TCP", "tcp://10.96.0.10:7070"),
+            ("TOCSIN_PORT_7070_TCP_PROTO", "tcp"),
+            ("TOCSIN_ADDR", "127.0.0.1:1"),
+            ("TOCSIN_ADMISSION__CREATE_RATE_PER_NAMESPACE", "5"),
+        ],
+    );
+    let log = node.log();
+    for ignored in ["TOCSIN_SERVICE_HOST", "TOCSIN_PORT_7070_TCP"] {
+        assert!(log.contains(ignored) && log.contains("ignoring a TOCSIN_*"), "no warning about {ignored}:\n{log}");
+    }
+    assert!(!log.contains("TOCSIN_ADDR"), "the CLI's own variable is not warned about:\n{log}");
+    // The real setting among them applies: the sixth create in a second is refused.
+    let mut client = TimerServiceClient::connect(format!("http://{}", node.grpc)).await.unwrap();
+    let mut refused = 0;
+    for i in 0..10 {
+        let req = tocsin_client::pull_timer("k8s", &format!("t-{i}"), now_ms() + 60_000, "t");
+        if let Err(s) = client.create_timer(req).await {
+            assert_eq!(s.code(), tonic::Code::ResourceExhausted, "{s:?}");
+            refused += 1;
+        }
+    }
+    assert!(refused >= 4, "the create rate from the environment applies: {refused} of 10 refused");
 }
