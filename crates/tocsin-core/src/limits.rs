@@ -21,6 +21,11 @@ pub const MAX_TOPIC_BYTES: usize = 64;
 pub const MAX_URL_BYTES: usize = 2048;
 /// Most delivery attempts a policy may ask for.
 pub const MAX_ATTEMPTS_CAP: u32 = 1000;
+/// Longest retry backoff a policy may ask for: a day.
+pub const MAX_BACKOFF_CAP_MS: u64 = 24 * 3600 * 1000;
+/// Longest a timer may keep retrying (`give_up_after_ms`), and longest a
+/// consumer may push a delivery back with a `Nack`: 30 days.
+pub const MAX_RETRY_WINDOW_MS: u64 = 30 * 24 * 3600 * 1000;
 /// Longest stored delivery error message.
 pub const MAX_ERROR_BYTES: usize = 256;
 /// Width of a horizon bucket: counts of upcoming fires are kept per minute.

@@ -125,6 +125,27 @@ pub fn check_retry(retry: &RetryPolicy) -> Result {
     if retry.max_backoff_ms != 0 && retry.initial_backoff_ms > retry.max_backoff_ms {
         return Err(ValidationError::new("retry.initial_backoff_ms", "must not exceed retry.max_backoff_ms"));
     }
+    for (field, value) in
+        [("retry.initial_backoff_ms", retry.initial_backoff_ms), ("retry.max_backoff_ms", retry.max_backoff_ms)]
+    {
+        if value > limits::MAX_BACKOFF_CAP_MS {
+            return Err(ValidationError::new(field, format!("must be at most {} ms", limits::MAX_BACKOFF_CAP_MS)));
+        }
+    }
+    if retry.give_up_after_ms > limits::MAX_RETRY_WINDOW_MS {
+        return Err(ValidationError::new(
+            "retry.give_up_after_ms",
+            format!("must be at most {} ms", limits::MAX_RETRY_WINDOW_MS),
+        ));
+    }
+    Ok(())
+}
+
+/// A `Nack`'s delay before the delivery is offered again.
+pub fn check_nack_delay(delay_ms: u64) -> Result {
+    if delay_ms > limits::MAX_RETRY_WINDOW_MS {
+        return Err(ValidationError::new("delay_ms", format!("must be at most {} ms", limits::MAX_RETRY_WINDOW_MS)));
+    }
     Ok(())
 }
 
@@ -276,5 +297,13 @@ mod tests {
         let eff = effective_retry(&RetryPolicy { initial_backoff_ms: 900_000, ..Default::default() }, &limits);
         assert!(eff.max_backoff_ms >= eff.initial_backoff_ms);
         assert!(check_retry(&RetryPolicy { max_attempts: 5000, ..Default::default() }).is_err());
+        let field = |p: RetryPolicy| check_retry(&p).unwrap_err().field;
+        assert_eq!(field(RetryPolicy { max_backoff_ms: u64::MAX, ..Default::default() }), "retry.max_backoff_ms");
+        assert_eq!(field(RetryPolicy { give_up_after_ms: u64::MAX, ..Default::default() }), "retry.give_up_after_ms");
+        assert!(
+            check_retry(&RetryPolicy { give_up_after_ms: limits::MAX_RETRY_WINDOW_MS, ..Default::default() }).is_ok()
+        );
+        assert_eq!(check_nack_delay(u64::MAX).unwrap_err().field, "delay_ms");
+        assert!(check_nack_delay(60_000).is_ok());
     }
 }

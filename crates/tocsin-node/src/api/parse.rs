@@ -109,6 +109,17 @@ pub fn reschedule(req: &pb::RescheduleTimerRequest, num_shards: u32) -> Result<V
     Ok(ValidReschedule { target, expected_generation: req.expected_generation, fire_time })
 }
 
+/// Checks a nack: its delay is bounded, its reason cut to the limit.
+pub fn nack(req: &pb::NackRequest, limits: &Limits) -> Result<(u64, String), NodeError> {
+    validate::check_nack_delay(req.delay_ms)?;
+    let reason = if req.reason.is_empty() {
+        "nacked by consumer".to_string()
+    } else {
+        req.reason.chars().take(limits.max_reason_chars).collect()
+    };
+    Ok((req.delay_ms, reason))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,6 +129,15 @@ mod tests {
             NodeError::InvalidArgument { field, .. } => field,
             other => panic!("not INVALID_ARGUMENT: {other:?}"),
         }
+    }
+
+    #[test]
+    fn a_nack_delay_is_bounded_and_its_reason_cut() {
+        let limits = Limits { max_reason_chars: 3, ..Limits::default() };
+        let req = pb::NackRequest { delay_ms: u64::MAX, ..Default::default() };
+        assert_eq!(field(nack(&req, &limits).unwrap_err()), "delay_ms");
+        let req = pb::NackRequest { delay_ms: 500, reason: "abcdef".into(), ..Default::default() };
+        assert_eq!(nack(&req, &limits).unwrap(), (500, "abc".to_string()));
     }
 
     #[test]

@@ -238,12 +238,8 @@ impl pb::timer_service_server::TimerService for TimerApi {
         let forwarded = is_forwarded(&request);
         let map_epoch = forward::map_epoch(&request);
         let req = request.into_inner();
-        let reason = if req.reason.is_empty() {
-            "nacked by consumer".to_string()
-        } else {
-            req.reason.chars().take(self.limits().max_reason_chars).collect()
-        };
-        let results = self.settle(req.deliveries, Some((req.delay_ms, reason)), forwarded, map_epoch).await?;
+        let (delay_ms, reason) = parse::nack(&req, self.limits())?;
+        let results = self.settle(req.deliveries, Some((delay_ms, reason)), forwarded, map_epoch).await?;
         Ok(Response::new(pb::NackResponse { results }))
     }
 
