@@ -22,11 +22,12 @@
 //!   delivery;
 //! - base: [`config`] (the TOML config and its environment overrides),
 //!   [`error`] (what requests and start-up fail with), [`admission`] (rate
-//!   and disk limits), [`forward`] (channels to other nodes), [`runtime`]
-//!   (the Raft and fire runtimes apart from the work runtime), [`clock`]
-//!   (the only wall-clock reads, and the guard against a clock that jumps
-//!   or drifts from the peers'), [`fault`] (fault points for tests,
-//!   compiled out of release builds).
+//!   and disk limits), [`labels`] (metric labels from client input,
+//!   capped), [`forward`] (channels to other nodes), [`runtime`] (the Raft
+//!   and fire runtimes apart from the work runtime), [`clock`] (the only
+//!   wall-clock reads, and the guard against a clock that jumps or drifts
+//!   from the peers'), [`fault`] (fault points for tests, compiled out of
+//!   release builds).
 //!
 //! The wire contract (error code names, headers, JSON forms, signing) is
 //! `tocsin-contract`'s.
@@ -39,6 +40,7 @@ pub mod control;
 pub mod error;
 pub mod fault;
 pub mod forward;
+pub mod labels;
 pub mod node;
 pub mod runtime;
 pub mod shard;

@@ -210,7 +210,12 @@ impl NodeState {
         for (name, value) in self.store.memory_usage() {
             metrics::gauge!(name).set(value as f64);
         }
+        // Summed per capped label pair: every topic past the cap adds to `other`.
+        let mut ready: std::collections::BTreeMap<(String, String), usize> = std::collections::BTreeMap::new();
         for (ns, topic, n) in self.dispatcher.pull.ready_counts() {
+            *ready.entry((crate::labels::namespace(&ns), crate::labels::topic(&topic))).or_default() += n;
+        }
+        for ((ns, topic), n) in ready {
             metrics::gauge!("tocsin_pull_ready", "namespace" => ns, "topic" => topic).set(n as f64);
         }
     }

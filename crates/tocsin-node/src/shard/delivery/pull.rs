@@ -62,6 +62,10 @@ struct Reservation {
     consumer: u64,
 }
 
+/// Topics (namespace and name, from client input) kept at once; past it,
+/// topics with nothing ready and no consumer are forgotten.
+const MAX_TOPICS: usize = 10_000;
+
 #[derive(Default)]
 struct Topic {
     state: Mutex<TopicState>,
@@ -145,7 +149,18 @@ impl PullHub {
     }
 
     fn topic(&self, namespace: &str, topic: &str) -> Arc<Topic> {
-        self.topics.lock().expect("topics lock").entry((namespace.to_string(), topic.to_string())).or_default().clone()
+        let mut topics = self.topics.lock().expect("topics lock");
+        let key = (namespace.to_string(), topic.to_string());
+        if topics.len() >= MAX_TOPICS && !topics.contains_key(&key) {
+            // Only this map holds such a topic, and it holds nothing.
+            topics.retain(|_, t| {
+                Arc::strong_count(t) > 1 || {
+                    let state = t.state.lock().expect("topic lock");
+                    !state.ready.is_empty() || !state.queued.is_empty()
+                }
+            });
+        }
+        topics.entry(key).or_default().clone()
     }
 
     /// A ready pull timer from a shard this node leads.
@@ -435,6 +450,19 @@ fn take(topic: &Topic, n: usize) -> Vec<Item> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn empty_unwatched_topics_are_forgotten_past_the_bound() {
+        let hub = PullHub::new(DeliveryConfig::default());
+        let watched = hub.topic("ns", "watched");
+        for i in 0..MAX_TOPICS + 50 {
+            drop(hub.topic("ns", &format!("t{i}")));
+        }
+        let topics = hub.topics.lock().unwrap();
+        assert!(topics.len() <= MAX_TOPICS, "{} topics kept", topics.len());
+        // A topic a consumer holds is never forgotten.
+        assert!(Arc::ptr_eq(&topics[&("ns".to_string(), "watched".to_string())], &watched));
+    }
 
     /// Found by the simulation (seed 23): a reservation whose reply was lost
     /// goes back to the queue, but it did apply; when it runs out, the offer

@@ -63,6 +63,10 @@ pub enum Outcome {
     Fenced,
 }
 
+/// Endpoints (origins, from client input) whose state is kept at once;
+/// past it, idle ones are forgotten (their state is only free permits).
+const MAX_ENDPOINTS: usize = 10_000;
+
 struct Endpoint {
     permits: Arc<Semaphore>,
     queued: AtomicUsize,
@@ -99,6 +103,11 @@ impl WebhookSender {
     fn endpoint(&self, url: &str) -> Arc<Endpoint> {
         let origin = origin_of(url);
         let mut endpoints = self.endpoints.lock().expect("endpoints lock");
+        if endpoints.len() >= MAX_ENDPOINTS && !endpoints.contains_key(&origin) {
+            // Only this map holds an idle endpoint: nothing is in flight or
+            // queued for it, and a fresh one is the same.
+            endpoints.retain(|_, e| Arc::strong_count(e) > 1);
+        }
         endpoints
             .entry(origin)
             .or_insert_with(|| {
@@ -120,7 +129,7 @@ impl WebhookSender {
             let now = ctx.clock.now_ms();
             let class = match &outcome {
                 Outcome::Delivered => {
-                    metrics::histogram!("tocsin_delivery_latency_seconds", "namespace" => key.namespace.clone())
+                    metrics::histogram!("tocsin_delivery_latency_seconds", "namespace" => crate::labels::namespace(&key.namespace))
                         .record(now.saturating_sub(record.fire_at_ms) as f64 / 1000.0);
                     AttemptOutcome::Delivered
                 }
@@ -341,6 +350,19 @@ mod tests {
     fn origins() {
         assert_eq!(origin_of("http://127.0.0.1:9000/hook?x=1"), "http://127.0.0.1:9000");
         assert_eq!(origin_of("https://example.com"), "https://example.com");
+    }
+
+    #[test]
+    fn idle_endpoints_are_forgotten_past_the_bound() {
+        let sender = WebhookSender::new(DeliveryConfig::default(), HashMap::new()).unwrap();
+        let busy = sender.endpoint("http://busy.example:1/hook");
+        for i in 0..MAX_ENDPOINTS + 50 {
+            drop(sender.endpoint(&format!("http://h{i}.example/hook")));
+        }
+        let endpoints = sender.endpoints.lock().unwrap();
+        assert!(endpoints.len() <= MAX_ENDPOINTS, "{} endpoints kept", endpoints.len());
+        // One still in use is never forgotten.
+        assert!(Arc::ptr_eq(&endpoints["http://busy.example:1"], &busy));
     }
 
     #[test]
