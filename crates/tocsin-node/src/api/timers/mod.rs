@@ -253,3 +253,9 @@ impl pb::timer_service_server::TimerService for TimerApi {
         self.horizon(&req.namespace, forwarded, only).await.map(Response::new).map_err(Status::from)
     }
 }
+
+/// A sub-request forwarded to another shard's leader failed: the caller
+/// may retry the whole request shortly.
+pub(crate) fn forward_failed(status: Status) -> NodeError {
+    NodeError::Unavailable { message: status.message().to_string(), leader: None, retry_after_ms: 100 }
+}

@@ -141,11 +141,7 @@ impl TimerApi {
                             .await
                             .map(|r| r.results),
                     }
-                    .map_err(|s| NodeError::Unavailable {
-                        message: s.message().to_string(),
-                        leader: None,
-                        retry_after_ms: 100,
-                    })?;
+                    .map_err(crate::api::timers::forward_failed)?;
                     use pb::ack_result::Status as S;
                     let statuses = results.into_iter().map(|r| match S::try_from(r.status) {
                         Ok(S::Ok) => AckStatus::Ok,

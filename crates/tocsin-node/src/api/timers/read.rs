@@ -115,11 +115,7 @@ impl TimerApi {
                     let resp = self
                         .forward(&addr, sub, Some(shard), |mut c, r| async move { c.list_timers(r).await })
                         .await
-                        .map_err(|s| NodeError::Unavailable {
-                            message: s.message().to_string(),
-                            leader: None,
-                            retry_after_ms: 100,
-                        })?;
+                        .map_err(crate::api::timers::forward_failed)?;
                     timers.extend(resp.timers);
                     match decode_token(&resp.next_page_token)? {
                         (s, Some(id)) if s == shard && !resp.next_page_token.is_empty() => Some(id),
@@ -165,11 +161,7 @@ impl TimerApi {
                 let h = self
                     .forward(&addr, req, Some(shard), |mut c, r| async move { c.get_horizon(r).await })
                     .await
-                    .map_err(|s| NodeError::Unavailable {
-                    message: s.message().to_string(),
-                    leader: None,
-                    retry_after_ms: 100,
-                })?;
+                    .map_err(crate::api::timers::forward_failed)?;
                 out.overdue += h.overdue;
                 out.next_minute += h.next_minute;
                 out.next_hour += h.next_hour;
