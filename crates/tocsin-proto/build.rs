@@ -4,7 +4,10 @@
 use prost::Message;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../proto");
+    // Read at run time, not baked in with `env!`: clones sharing one build
+    // cache reuse one compiled build script, which must find this clone's
+    // protos (a baked-in path named whichever clone compiled it first).
+    let root = std::path::PathBuf::from(std::env::var("CARGO_MANIFEST_DIR")?).join("../../proto");
     let files = ["tocsin/v1/timer.proto", "tocsin/v1/raft.proto", "tocsin/v1/admin.proto"];
     let fds = protox::compile(files.iter().map(|f| root.join(f)), [&root])?;
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR")?);
