@@ -54,7 +54,11 @@ impl Admission {
             lag_us: Arc::new(AtomicU64::new(0)),
             fire_lag_us: std::sync::OnceLock::new(),
         });
-        tokio::spawn(crate::runtime::probe_lag(admission.lag_us.clone(), "tocsin_scheduling_lag_seconds"));
+        tokio::spawn(crate::runtime::probe_lag(
+            admission.lag_us.clone(),
+            "tocsin_scheduling_lag_seconds",
+            crate::runtime::LAG_PROBE_EVERY,
+        ));
         let weak = Arc::downgrade(&admission);
         tokio::spawn(async move {
             loop {

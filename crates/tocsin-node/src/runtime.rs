@@ -47,8 +47,13 @@ use tokio::runtime::Handle;
 /// loop) runs on one thread at a time, and the runtime holds only its work.
 const SIDE_WORKER_THREADS_MAX: usize = 2;
 
-/// How often a lag probe wakes.
+/// How often a lag probe that drives admission wakes (the work and fire
+/// runtimes'): overload must show within about 100 ms.
 pub const LAG_PROBE_EVERY: Duration = Duration::from_millis(20);
+/// How often the Raft runtime's probe wakes: its lag is only a gauge, and
+/// three probes at 50 wake-ups a second were a visible part of an idle
+/// node's CPU.
+const GAUGE_PROBE_EVERY: Duration = Duration::from_millis(100);
 
 /// A runtime beside the work runtime (Raft's, the fire path's). Dropping it
 /// stops its tasks without waiting for them (openraft's cores are shut
@@ -64,15 +69,15 @@ pub struct SideRuntime {
 impl SideRuntime {
     /// Starts the Raft runtime (threads `tocsin-raft`).
     pub fn start_raft() -> std::io::Result<SideRuntime> {
-        SideRuntime::start("tocsin-raft", "tocsin_raft_scheduling_lag_seconds")
+        SideRuntime::start("tocsin-raft", "tocsin_raft_scheduling_lag_seconds", GAUGE_PROBE_EVERY)
     }
 
     /// Starts the fire runtime (threads `tocsin-fire`).
     pub fn start_fire() -> std::io::Result<SideRuntime> {
-        SideRuntime::start("tocsin-fire", "tocsin_fire_scheduling_lag_seconds")
+        SideRuntime::start("tocsin-fire", "tocsin_fire_scheduling_lag_seconds", LAG_PROBE_EVERY)
     }
 
-    fn start(thread_name: &str, gauge: &'static str) -> std::io::Result<SideRuntime> {
+    fn start(thread_name: &str, gauge: &'static str, probe_every: Duration) -> std::io::Result<SideRuntime> {
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get()).min(SIDE_WORKER_THREADS_MAX);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(threads)
@@ -81,7 +86,7 @@ impl SideRuntime {
             .build()?;
         let handle = runtime.handle().clone();
         let lag_us = Arc::new(AtomicU64::new(0));
-        handle.spawn(probe_lag(lag_us.clone(), gauge));
+        handle.spawn(probe_lag(lag_us.clone(), gauge, probe_every));
         Ok(SideRuntime { runtime: Some(runtime), handle, lag_us })
     }
 
@@ -119,15 +124,15 @@ pub fn next_lag_average_us(average_us: u64, sample_us: u64) -> u64 {
 }
 
 /// Measures the scheduling lag of the runtime it is spawned on: how late a
-/// task that sleeps [`LAG_PROBE_EVERY`] wakes, as a moving average in
+/// task that sleeps `every` wakes, as a moving average in
 /// `lag_us` and the gauge `gauge` (seconds). Returns once `lag_us` has no
 /// other owner.
-pub async fn probe_lag(lag_us: Arc<AtomicU64>, gauge: &'static str) {
+pub async fn probe_lag(lag_us: Arc<AtomicU64>, gauge: &'static str, every: Duration) {
     let mut average_us = 0;
     while Arc::strong_count(&lag_us) > 1 {
         let slept = Instant::now();
-        tokio::time::sleep(LAG_PROBE_EVERY).await;
-        let late = slept.elapsed().saturating_sub(LAG_PROBE_EVERY);
+        tokio::time::sleep(every).await;
+        let late = slept.elapsed().saturating_sub(every);
         average_us = next_lag_average_us(average_us, late.as_micros() as u64);
         lag_us.store(average_us, Ordering::Relaxed);
         metrics::gauge!(gauge).set(average_us as f64 / 1e6);

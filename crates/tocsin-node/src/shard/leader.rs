@@ -127,8 +127,19 @@ pub async fn supervise(ctx: Arc<ShardCtx>, dispatcher: Arc<Dispatcher>) {
                 ctx.set_leadership(Leadership::Follower);
                 return;
             },
-            // A finished task is noticed within this period.
-            _ = tokio::time::sleep(Duration::from_millis(250)) => {}
+            // A task that ended on its own is restarted a moment later (the
+            // loop's head sees it finished; the pause keeps a task that keeps
+            // ending from spinning). Waiting on it, rather than polling,
+            // keeps an idle shard's supervisor asleep.
+            _ = async {
+                match task.as_mut() {
+                    Some((t, _)) => {
+                        let _ = (&mut t.join).await;
+                        tokio::time::sleep(Duration::from_millis(250)).await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            } => {}
         }
     }
 }
