@@ -5,7 +5,9 @@
 #   node 2  gRPC 127.0.0.1:7080  HTTP 127.0.0.1:7081
 #   node 3  gRPC 127.0.0.1:7090  HTTP 127.0.0.1:7091
 # Data and logs go to ./tocsin-cluster/n{1,2,3}; a restart reuses them.
-# Environment: SHARDS (default 12), DATA (default ./tocsin-cluster).
+# Environment: SHARDS (default 12), DATA (default ./tocsin-cluster),
+# TOCSIN_DELIVERY__WEBHOOK_ALLOW (default 127.0.0.0/8,::1/128: receivers on
+# this machine; `serve` alone refuses them, see docs/security.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash .ci/setup
@@ -13,6 +15,8 @@ bin="$(bash deploy/build.sh)/tocsin"
 data="${DATA:-./tocsin-cluster}"
 shards="${SHARDS:-12}"
 initial="1=127.0.0.1:7070/127.0.0.1:7071,2=127.0.0.1:7080/127.0.0.1:7081,3=127.0.0.1:7090/127.0.0.1:7091"
+
+export TOCSIN_DELIVERY__WEBHOOK_ALLOW="${TOCSIN_DELIVERY__WEBHOOK_ALLOW:-127.0.0.0/8,::1/128}"
 
 pids=()
 stop() {

@@ -259,6 +259,13 @@ impl Cluster {
         let mut env = vec![
             ("TOCSIN_REPLICATION_FACTOR".to_string(), "3".to_string()),
             ("RUST_LOG".to_string(), "info,openraft=error".to_string()),
+            // The sinks live on the harness's private bridge: the SSRF guard
+            // refuses private addresses unless the operator allows them.
+            ("TOCSIN_DELIVERY__WEBHOOK_ALLOW".to_string(), format!("{}.0/24", crate::net::SUBNET)),
+            // The load's retry policy (`driver::chaos_retry`) retries after
+            // 200 ms, below the 1 s floor a production node keeps: the
+            // lateness bounds measure failover, not the backoff floor.
+            ("TOCSIN_LIMITS__MIN_BACKOFF_MS".to_string(), "200".to_string()),
         ];
         env.extend(self.options.env.iter().cloned());
         if self.options.clock_files {

@@ -93,8 +93,11 @@ async fn run_until_signal(config: NodeConfig, on_ready: impl FnOnce(&Node)) -> a
     Ok(ExitCode::SUCCESS)
 }
 
+/// What a dev node's SSRF guard allows besides public addresses.
+const DEV_WEBHOOK_ALLOW: &[&str] = &["127.0.0.0/8", "::1/128"];
+
 pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
-    let config = NodeConfig {
+    let mut config = NodeConfig {
         data_dir: args.data.clone(),
         num_shards: args.shards,
         grpc_listen: args.grpc,
@@ -102,6 +105,9 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         replication_factor: 1,
         ..NodeConfig::default()
     };
+    // A dev node's receivers run on the same machine: the SSRF guard lets
+    // loopback through (and the banner says so); `tocsin serve` does not.
+    config.delivery.webhook_allow = DEV_WEBHOOK_ALLOW.iter().map(|s| s.to_string()).collect();
     init_logging(&config.log);
     let shards = config.num_shards;
     let data = args.data.display().to_string();
@@ -122,6 +128,11 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         println!("  curl -s http://{http}/v1/timers/orders/order-42");
         println!("  curl -s -XDELETE http://{http}/v1/timers/orders/order-42");
         println!();
+        println!(
+            "Webhooks may go to public addresses and, on a dev node only, to loopback ({}); `tocsin serve` allows only",
+            DEV_WEBHOOK_ALLOW.join(", ")
+        );
+        println!("public addresses unless delivery.webhook_allow lists more (see docs/security.md).");
         println!("Ctrl-C stops the node; its data stays in {data}.");
     })
     .await

@@ -376,7 +376,7 @@ pub async fn run(args: SinkArgs) -> anyhow::Result<ExitCode> {
             modes.insert(prefix, mode);
         }
     }
-    let secret = args.secret.as_deref().map(signing::secret_bytes);
+    let secret = args.secret.as_deref().map(signing::secret_bytes).transpose().context("--secret")?;
     let app = app_with_modes(Fence::new(secret, out, None), modes);
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let mut servers = tokio::task::JoinSet::new();

@@ -11,6 +11,7 @@
 //! - [`routing`]: key → shard (jump hash over xxh3) and shard → nodes (a
 //!   token ring);
 //! - [`backoff`]: the retry schedule;
+//! - [`egress`]: the SSRF guard's rules for webhook targets;
 //! - [`cluster`]: the replicated cluster map (nodes, their states, each
 //!   shard's target replicas, the map epoch), its rules and the planners of
 //!   cluster operations.
@@ -23,6 +24,7 @@ pub mod apply;
 pub mod backoff;
 pub mod cluster;
 pub mod command;
+pub mod egress;
 pub mod fire;
 pub mod limits;
 pub mod mem_table;

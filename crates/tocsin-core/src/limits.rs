@@ -48,6 +48,10 @@ pub struct Limits {
     pub default_max_attempts: u32,
     pub default_initial_backoff_ms: u64,
     pub default_max_backoff_ms: u64,
+    /// Shortest retry backoff a policy may ask for (0 asks for the
+    /// default): one create cannot become a stream of requests to its
+    /// target. Each wait is a random point of `[d/2, d]` of its backoff `d`.
+    pub min_backoff_ms: u64,
     /// Most timers one `ListTimers` page returns.
     pub max_page_size: usize,
     /// Most deliveries one `Ack` or `Nack` call settles.
@@ -71,6 +75,7 @@ impl Default for Limits {
             default_max_attempts: 300,
             default_initial_backoff_ms: 1_000,
             default_max_backoff_ms: 600_000,
+            min_backoff_ms: 1_000,
             max_page_size: 1000,
             max_settle_batch: 10_000,
             max_reason_chars: 200,

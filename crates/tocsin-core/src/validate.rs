@@ -115,7 +115,7 @@ pub fn check_labels(labels: &std::collections::BTreeMap<String, String>) -> Resu
     Ok(())
 }
 
-pub fn check_retry(retry: &RetryPolicy) -> Result {
+pub fn check_retry(retry: &RetryPolicy, limits: &Limits) -> Result {
     if retry.max_attempts > limits::MAX_ATTEMPTS_CAP {
         return Err(ValidationError::new(
             "retry.max_attempts",
@@ -130,6 +130,12 @@ pub fn check_retry(retry: &RetryPolicy) -> Result {
     {
         if value > limits::MAX_BACKOFF_CAP_MS {
             return Err(ValidationError::new(field, format!("must be at most {} ms", limits::MAX_BACKOFF_CAP_MS)));
+        }
+        if value != 0 && value < limits.min_backoff_ms {
+            return Err(ValidationError::new(
+                field,
+                format!("must be 0 (the default) or at least {} ms", limits.min_backoff_ms),
+            ));
         }
     }
     if retry.give_up_after_ms > limits::MAX_RETRY_WINDOW_MS {
@@ -165,7 +171,7 @@ pub fn check_create(key: &TimerKey, spec: &TimerSpec, limits: &Limits) -> Result
     check_payload(&spec.payload, limits)?;
     check_labels(&spec.labels)?;
     check_callback(&spec.callback)?;
-    check_retry(&spec.retry)?;
+    check_retry(&spec.retry, limits)?;
     check_fire_time_shape("fire_at_ms", spec.fire_time, limits)
 }
 
@@ -296,12 +302,20 @@ mod tests {
         assert!(shortest_ms >= 24 * 3600 * 1000, "{shortest_ms} ms");
         let eff = effective_retry(&RetryPolicy { initial_backoff_ms: 900_000, ..Default::default() }, &limits);
         assert!(eff.max_backoff_ms >= eff.initial_backoff_ms);
-        assert!(check_retry(&RetryPolicy { max_attempts: 5000, ..Default::default() }).is_err());
-        let field = |p: RetryPolicy| check_retry(&p).unwrap_err().field;
+        assert!(check_retry(&RetryPolicy { max_attempts: 5000, ..Default::default() }, &limits).is_err());
+        let field = |p: RetryPolicy| check_retry(&p, &limits).unwrap_err().field;
+        // A floor under the backoff: one create is not a burst of requests.
+        assert_eq!(field(RetryPolicy { initial_backoff_ms: 10, ..Default::default() }), "retry.initial_backoff_ms");
+        assert_eq!(field(RetryPolicy { max_backoff_ms: 999, ..Default::default() }), "retry.max_backoff_ms");
+        assert!(
+            check_retry(&RetryPolicy { initial_backoff_ms: 1000, max_backoff_ms: 1000, ..Default::default() }, &limits)
+                .is_ok()
+        );
         assert_eq!(field(RetryPolicy { max_backoff_ms: u64::MAX, ..Default::default() }), "retry.max_backoff_ms");
         assert_eq!(field(RetryPolicy { give_up_after_ms: u64::MAX, ..Default::default() }), "retry.give_up_after_ms");
         assert!(
-            check_retry(&RetryPolicy { give_up_after_ms: limits::MAX_RETRY_WINDOW_MS, ..Default::default() }).is_ok()
+            check_retry(&RetryPolicy { give_up_after_ms: limits::MAX_RETRY_WINDOW_MS, ..Default::default() }, &limits)
+                .is_ok()
         );
         assert_eq!(check_nack_delay(u64::MAX).unwrap_err().field, "delay_ms");
         assert!(check_nack_delay(60_000).is_ok());

@@ -175,6 +175,14 @@ pub struct DeliveryConfig {
     pub max_in_flight: usize,
     /// Deliveries waiting for a pull consumer, per topic.
     pub max_ready_per_topic: usize,
+    /// Webhook targets the SSRF guard lets through although they are not
+    /// public (`egress.rs`): CIDRs (`10.0.0.0/8`, `fd00::/8`), addresses,
+    /// host names (`receiver.internal`) and `*.suffix` names. Empty (the
+    /// default for `tocsin serve`): only public addresses. In the
+    /// environment, a comma-separated list:
+    /// `TOCSIN_DELIVERY__WEBHOOK_ALLOW=10.0.0.0/8,receiver.internal`.
+    #[serde(deserialize_with = "list_or_comma_separated")]
+    pub webhook_allow: Vec<String>,
 }
 
 impl Default for DeliveryConfig {
@@ -185,8 +193,32 @@ impl Default for DeliveryConfig {
             per_endpoint_queue: 10_000,
             max_in_flight: 2_048,
             max_ready_per_topic: 1_000_000,
+            webhook_allow: Vec::new(),
         }
     }
+}
+
+impl DeliveryConfig {
+    /// The SSRF guard's allowlist, parsed.
+    pub fn egress_policy(&self) -> Result<crate::egress::EgressPolicy, ConfigError> {
+        crate::egress::EgressPolicy::parse(&self.webhook_allow)
+            .map_err(|message| ConfigError::Invalid { field: "delivery.webhook_allow".into(), message })
+    }
+}
+
+/// A list setting that an environment variable may also give as one
+/// comma-separated string.
+fn list_or_comma_separated<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Form {
+        List(Vec<String>),
+        Text(String),
+    }
+    Ok(match Form::deserialize(d)? {
+        Form::List(v) => v,
+        Form::Text(s) => s.split(',').map(|e| e.trim().to_string()).filter(|e| !e.is_empty()).collect(),
+    })
 }
 
 /// What the node accepts.
@@ -233,12 +265,21 @@ impl Default for AdmissionConfig {
 }
 
 /// Settings of one namespace.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct NamespaceConfig {
     /// Standard Webhooks signing secret (`whsec_` + base64, or raw text of at
     /// least 24 bytes). Deliveries are signed when set.
     pub webhook_secret: Option<String>,
+}
+
+/// Written by hand so a logged or printed config never shows a secret.
+impl std::fmt::Debug for NamespaceConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NamespaceConfig")
+            .field("webhook_secret", &self.webhook_secret.as_ref().map(|_| "<redacted>"))
+            .finish()
+    }
 }
 
 /// `TOCSIN_*` variables the CLI reads itself (after the prefix).
@@ -368,6 +409,9 @@ impl NodeConfig {
         if self.limits.max_settle_batch == 0 || self.limits.max_settle_batch > 100_000 {
             return invalid("limits.max_settle_batch", "must be between 1 and 100000");
         }
+        if self.limits.min_backoff_ms == 0 || self.limits.min_backoff_ms > self.limits.default_initial_backoff_ms {
+            return invalid("limits.min_backoff_ms", "must be between 1 and limits.default_initial_backoff_ms");
+        }
         if self.limits.max_reason_chars > tocsin_core::limits::MAX_ERROR_BYTES {
             return invalid("limits.max_reason_chars", "must be at most 256");
         }
@@ -383,13 +427,20 @@ impl NodeConfig {
         if self.replication_factor == 0 {
             return invalid("replication_factor", "must be at least 1");
         }
+        if self.delivery.webhook_allow.len() > 1_000 {
+            return invalid("delivery.webhook_allow", "at most 1000 entries");
+        }
+        self.delivery.egress_policy()?;
         for (ns, cfg) in &self.namespaces {
             tocsin_core::validate::check_namespace(ns)
                 .map_err(|e| ConfigError::Invalid { field: format!("namespaces.{ns}"), message: e.message })?;
-            if let Some(secret) = &cfg.webhook_secret
-                && tocsin_contract::signing::secret_bytes(secret).len() < 24
-            {
-                return invalid(&format!("namespaces.{ns}.webhook_secret"), "must be at least 24 bytes");
+            if let Some(secret) = &cfg.webhook_secret {
+                let field = format!("namespaces.{ns}.webhook_secret");
+                match tocsin_contract::signing::secret_bytes(secret) {
+                    Err(e) => return invalid(&field, &e.to_string()),
+                    Ok(key) if key.len() < 24 => return invalid(&field, "must be at least 24 bytes"),
+                    Ok(_) => {}
+                }
             }
         }
         self.initial_members().map(|_| ())
@@ -563,6 +614,35 @@ mod tests {
         // A bad value of a real setting is still an error.
         let err = NodeConfig::load(None, [var("TOCSIN_NUM_SHARDS", "many")]).unwrap_err();
         assert!(err.to_string().contains("num_shards"), "{err}");
+    }
+
+    #[test]
+    fn secrets_are_checked_and_never_printed() {
+        let var = |k: &str, v: &str| (k.to_string(), v.to_string());
+        let err = NodeConfig::load(None, [var("TOCSIN_NAMESPACES__ORDERS__WEBHOOK_SECRET", "whsec_%%%not-base64%%%")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("namespaces.orders.webhook_secret") && err.contains("base64"), "{err}");
+        assert!(!err.contains("not-base64"), "the error repeats the secret: {err}");
+        let c =
+            NodeConfig::load(None, [var("TOCSIN_NAMESPACES__ORDERS__WEBHOOK_SECRET", "a-secret-of-at-least-24-bytes")])
+                .unwrap();
+        let printed = format!("{c:?}");
+        assert!(!printed.contains("a-secret-of-at-least-24-bytes") && printed.contains("<redacted>"), "{printed}");
+    }
+
+    #[test]
+    fn the_webhook_allowlist_comes_as_a_list_or_comma_separated() {
+        let var = |k: &str, v: &str| (k.to_string(), v.to_string());
+        let c =
+            NodeConfig::load(None, [var("TOCSIN_DELIVERY__WEBHOOK_ALLOW", "10.0.0.0/8, receiver.internal")]).unwrap();
+        assert_eq!(c.delivery.webhook_allow, ["10.0.0.0/8", "receiver.internal"]);
+        let c = NodeConfig::load(None, [var("TOCSIN_DELIVERY__WEBHOOK_ALLOW", r#"["::1/128"]"#)]).unwrap();
+        assert_eq!(c.delivery.webhook_allow, ["::1/128"]);
+        let c = NodeConfig::load(None, [var("TOCSIN_DELIVERY__WEBHOOK_ALLOW", "")]).unwrap();
+        assert!(c.delivery.webhook_allow.is_empty());
+        let err = NodeConfig::load(None, [var("TOCSIN_DELIVERY__WEBHOOK_ALLOW", "10.0.0.0/40")]).unwrap_err();
+        assert!(err.to_string().contains("delivery.webhook_allow"), "{err}");
     }
 
     #[test]

@@ -23,7 +23,7 @@
 //! - base: [`config`] (the TOML config and its environment overrides),
 //!   [`error`] (what requests and start-up fail with), [`admission`] (rate
 //!   and disk limits), [`labels`] (metric labels from client input,
-//!   capped), [`forward`] (channels to other nodes), [`runtime`] (the Raft
+//!   capped), [`egress`] (the SSRF guard on webhook targets), [`forward`] (channels to other nodes), [`runtime`] (the Raft
 //!   and fire runtimes apart from the work runtime), [`clock`] (the only
 //!   wall-clock reads, and the guard against a clock that jumps or drifts
 //!   from the peers'), [`fault`] (fault points for tests, compiled out of
@@ -37,6 +37,7 @@ pub mod api;
 pub mod clock;
 pub mod config;
 pub mod control;
+pub mod egress;
 pub mod error;
 pub mod fault;
 pub mod forward;

@@ -305,10 +305,14 @@ fn shared_state(
     let secrets = config
         .namespaces
         .iter()
-        .filter_map(|(ns, c)| c.webhook_secret.as_ref().map(|s| (ns.clone(), signing::secret_bytes(s))))
+        // `validate` refused malformed secrets already.
+        .filter_map(|(ns, c)| {
+            c.webhook_secret.as_ref().and_then(|s| Some((ns.clone(), signing::secret_bytes(s).ok()?)))
+        })
         .collect();
-    let webhook =
-        WebhookSender::new(config.delivery.clone(), secrets).map_err(|e| StartError::Webhook(e.to_string()))?;
+    let egress = Arc::new(config.delivery.egress_policy()?);
+    let webhook = WebhookSender::new(config.delivery.clone(), secrets, egress.clone())
+        .map_err(|e| StartError::Webhook(e.to_string()))?;
     let dispatcher = Arc::new(Dispatcher { webhook: Arc::new(webhook), pull: PullHub::new(config.delivery.clone()) });
     let admission = Admission::start(config.admission.clone(), config.data_dir.clone());
     admission.watch_fire_lag(fire_runtime.lag_us());
@@ -338,6 +342,7 @@ fn shared_state(
         fire_runtime: fire_runtime.handle().clone(),
         hosting: tokio::sync::Mutex::new(()),
         dispatcher,
+        egress,
         admission,
         metrics,
         forwarder: Arc::new(Forwarder::new(Duration::from_millis(config.admission.request_timeout_ms))),

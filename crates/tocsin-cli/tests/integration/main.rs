@@ -4,6 +4,7 @@
 mod bad_input;
 mod clock;
 mod cluster_ops;
+mod egress;
 mod faults;
 mod pull;
 mod routing;

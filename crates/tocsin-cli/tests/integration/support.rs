@@ -121,6 +121,9 @@ impl NodeProcess {
             .arg(&self.data)
             .env("TOCSIN_NUM_SHARDS", "8")
             .env("TOCSIN_REPLICATION_FACTOR", "1")
+            // The tests' receivers listen on loopback, which the SSRF guard
+            // refuses unless allowed; a test's own env may override this.
+            .env("TOCSIN_DELIVERY__WEBHOOK_ALLOW", "127.0.0.0/8")
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log);

@@ -17,6 +17,7 @@ use tocsin_core::timer::FireTime;
 use tocsin_core::validate;
 use tocsin_proto::v1 as pb;
 
+use crate::egress::EgressPolicy;
 use crate::error::NodeError;
 
 /// A checked key and the shard it hashes to.
@@ -61,7 +62,12 @@ pub fn fire_time(fire_at_ms: Option<u64>, delay_ms: Option<u64>) -> Result<FireT
 }
 
 /// Checks a create request.
-pub fn create(req: &pb::CreateTimerRequest, limits: &Limits, num_shards: u32) -> Result<ValidCreate, NodeError> {
+pub fn create(
+    req: &pb::CreateTimerRequest,
+    limits: &Limits,
+    num_shards: u32,
+    egress: &EgressPolicy,
+) -> Result<ValidCreate, NodeError> {
     use pb::create_timer_request::FireTime as F;
     let target = key(&req.namespace, &req.id, num_shards)?;
     let fire_time = match req.fire_time {
@@ -90,7 +96,11 @@ pub fn create(req: &pb::CreateTimerRequest, limits: &Limits, num_shards: u32) ->
     validate::check_payload(&spec.payload, limits)?;
     validate::check_labels(&spec.labels)?;
     validate::check_callback(&spec.callback)?;
-    validate::check_retry(&spec.retry)?;
+    if let Callback::Webhook { url } = &spec.callback {
+        // The SSRF guard's create-time half (the other is at connect).
+        egress.check_url(url).map_err(|e| NodeError::invalid("callback.webhook.url", e.to_string()))?;
+    }
+    validate::check_retry(&spec.retry, limits)?;
     Ok(ValidCreate { target, spec })
 }
 
@@ -151,6 +161,7 @@ mod tests {
     #[test]
     fn a_create_is_checked_field_by_field_and_hashed_once() {
         let limits = Limits::default();
+        let open = EgressPolicy::default();
         let mut req = pb::CreateTimerRequest {
             namespace: "orders".into(),
             id: "o-1".into(),
@@ -158,13 +169,25 @@ mod tests {
             callback: Some(pb::Callback { target: Some(pb::callback::Target::Pull(pb::Pull { topic: "t".into() })) }),
             ..Default::default()
         };
-        let valid = create(&req, &limits, 16).unwrap();
+        let valid = create(&req, &limits, 16, &open).unwrap();
         assert_eq!(valid.target.shard, tocsin_core::routing::shard_for("orders", "o-1", 16));
         assert_eq!(valid.spec.fire_time, FireTime::Delay(1000));
         req.namespace = String::new();
-        assert_eq!(field(create(&req, &limits, 16).unwrap_err()), "namespace");
+        assert_eq!(field(create(&req, &limits, 16, &open).unwrap_err()), "namespace");
         req.namespace = "orders".into();
         req.callback = None;
-        assert_eq!(field(create(&req, &limits, 16).unwrap_err()), "callback");
+        assert_eq!(field(create(&req, &limits, 16, &open).unwrap_err()), "callback");
+        // The SSRF guard refuses a loopback target unless it is allowed.
+        let hook = |url: &str| {
+            Some(pb::Callback { target: Some(pb::callback::Target::Webhook(pb::Webhook { url: url.into() })) })
+        };
+        req.callback = hook("http://0x7f.1:9000/hook");
+        let refused = create(&req, &limits, 16, &open).unwrap_err();
+        assert_eq!(field(refused.clone()), "callback.webhook.url");
+        assert!(refused.to_string().contains("loopback"), "{refused}");
+        let loopback = EgressPolicy::parse(&["127.0.0.0/8".into()]).unwrap();
+        assert!(create(&req, &limits, 16, &loopback).is_ok());
+        req.callback = hook("https://example.com/hook");
+        assert!(create(&req, &limits, 16, &open).is_ok());
     }
 }

@@ -59,6 +59,9 @@ pub struct NodeState {
     /// writes.
     pub(crate) hosting: tokio::sync::Mutex<()>,
     pub dispatcher: Arc<Dispatcher>,
+    /// The SSRF guard's allowlist: checked at create (`api::parse`) and by
+    /// the webhook sender at connect.
+    pub egress: Arc<crate::egress::EgressPolicy>,
     pub admission: Arc<Admission>,
     pub metrics: Option<PrometheusHandle>,
     pub forwarder: Arc<Forwarder>,
@@ -292,11 +295,14 @@ impl NodeState {
     ) -> Result<Raft, StartError> {
         let raft_error = |message: String| StartError::Raft { group, message };
         let node_id = self.node_id;
-        self.raft_runtime
+        let raft = self
+            .raft_runtime
             .spawn(async move { Raft::new(node_id, config, network, log, sm).await })
             .await
             .map_err(|e| raft_error(e.to_string()))?
-            .map_err(|e| raft_error(e.to_string()))
+            .map_err(|e| raft_error(e.to_string()))?;
+        tokio::spawn(crate::shard::raft::tick_only_with_peers(raft.clone(), node_id));
+        Ok(raft)
     }
 
     /// Opens the metadata group's replica from the store.

@@ -7,7 +7,15 @@
 //!   `Retry-After`. 409 whose body mentions a stale epoch means a receiver
 //!   saw a newer leader's token: this node re-checks its leadership and stops
 //!   dispatching for the shard if it lost it. Anything else (and timeouts)
-//!   retries with the timer's backoff. Redirects are not followed.
+//!   retries with the timer's backoff. Redirects are not followed, and no
+//!   proxy from the environment is used.
+//! - **The SSRF guard** (`egress.rs`) sits in the connection: names are
+//!   resolved through its resolver on every new connection, and a URL's
+//!   address literal is checked before each request. A refused target is
+//!   a failed attempt whose error names the class, never an answer.
+//! - `last_error` holds classes ("connection refused", "timeout", "http
+//!   503"), not what the target said: a webhook must not become a way to
+//!   read or scan what the node can reach.
 //! - Requests to one endpoint (scheme, host, port) are bounded by a
 //!   semaphore and a queue limit; every delivery is its own task, so a slow
 //!   endpoint only delays its own deliveries.
@@ -40,6 +48,8 @@ use tokio::sync::Semaphore;
 use crate::shard::proposer::ProposeError;
 
 use crate::config::DeliveryConfig;
+use crate::egress::EgressPolicy;
+use crate::egress::GuardedResolver;
 use crate::shard::ShardCtx;
 
 /// Time kept free before an attempt's deadline to record its outcome.
@@ -79,11 +89,18 @@ pub struct WebhookSender {
     endpoints: Mutex<HashMap<String, Arc<Endpoint>>>,
     global: Arc<Semaphore>,
     secrets: HashMap<String, Vec<u8>>,
+    policy: Arc<EgressPolicy>,
 }
 
 impl WebhookSender {
-    pub fn new(config: DeliveryConfig, secrets: HashMap<String, Vec<u8>>) -> Result<WebhookSender, reqwest::Error> {
+    pub fn new(
+        config: DeliveryConfig,
+        secrets: HashMap<String, Vec<u8>>,
+        policy: Arc<EgressPolicy>,
+    ) -> Result<WebhookSender, reqwest::Error> {
         let client = tocsin_contract::tls::http_client_builder()
+            .dns_resolver(Arc::new(GuardedResolver { policy: policy.clone() }))
+            .no_proxy()
             .timeout(Duration::from_millis(config.webhook_timeout_ms))
             .connect_timeout(Duration::from_millis(config.webhook_timeout_ms.min(5_000)))
             .pool_max_idle_per_host(config.per_endpoint_concurrency)
@@ -97,6 +114,7 @@ impl WebhookSender {
             config,
             endpoints: Mutex::new(HashMap::new()),
             secrets,
+            policy,
         })
     }
 
@@ -177,6 +195,13 @@ impl WebhookSender {
         until_ms: u64,
     ) -> Option<Outcome> {
         let tocsin_core::Callback::Webhook { url } = &record.callback else { return None };
+        // An address literal never reaches the guarded resolver: check it
+        // here (a timer created before the allowlist shrank, or before the
+        // guard existed). Names are checked after resolution.
+        if let Err(refused) = self.policy.check_url(url) {
+            metrics::counter!("tocsin_webhook_responses_total", "class" => "egress_refused").increment(1);
+            return Some(Outcome::Retry { error: refused.to_string(), retry_after_ms: None });
+        }
         let endpoint = self.endpoint(url);
         if endpoint.queued.fetch_add(1, Ordering::SeqCst) >= self.config.per_endpoint_queue {
             endpoint.queued.fetch_sub(1, Ordering::SeqCst);
@@ -245,9 +270,9 @@ impl WebhookSender {
         let outcome = match response {
             Ok(resp) => classify(resp).await,
             Err(e) => {
-                let class = if e.is_timeout() { "timeout" } else { "error" };
+                let (class, error) = error_class(&e);
                 metrics::counter!("tocsin_webhook_responses_total", "class" => class).increment(1);
-                Outcome::Retry { error: short_error(&e), retry_after_ms: None }
+                Outcome::Retry { error, retry_after_ms: None }
             }
         };
         Some(outcome)
@@ -320,14 +345,45 @@ fn parse_retry_after(value: &str) -> Option<u64> {
     value.trim().parse::<u64>().ok().map(|s| s.min(86_400) * 1000)
 }
 
-fn short_error(e: &reqwest::Error) -> String {
-    let mut msg = e.to_string();
-    let mut source = std::error::Error::source(e);
+/// A failed request as a metric class and the `last_error` text: a class
+/// of failure, never the target's own words (those would make webhooks a
+/// way to read or scan whatever the node can reach).
+fn error_class(e: &reqwest::Error) -> (&'static str, String) {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(s) = source {
-        msg = format!("{msg}: {s}");
+        if let Some(refused) = s.downcast_ref::<crate::egress::Refused>() {
+            return ("egress_refused", refused.to_string());
+        }
+        if s.downcast_ref::<crate::egress::DnsFailed>().is_some() {
+            return ("dns", "dns resolution failed".into());
+        }
+        if let Some(io) = s.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind as K;
+            let text = match io.kind() {
+                K::ConnectionRefused => Some("connection refused"),
+                K::ConnectionReset | K::ConnectionAborted | K::BrokenPipe => Some("connection reset"),
+                K::TimedOut => Some("timeout"),
+                K::HostUnreachable | K::NetworkUnreachable => Some("unreachable"),
+                _ => None,
+            };
+            if let Some(text) = text {
+                return ("error", text.into());
+            }
+        }
+        if s.downcast_ref::<rustls::Error>().is_some() {
+            return ("error", "tls handshake failed".into());
+        }
         source = s.source();
     }
-    msg.chars().take(200).collect()
+    if e.is_timeout() {
+        ("timeout", "timeout".into())
+    } else if e.is_connect() {
+        ("error", "connection failed".into())
+    } else if e.is_body() || e.is_decode() {
+        ("error", "response unreadable".into())
+    } else {
+        ("error", "request failed".into())
+    }
 }
 
 /// `scheme://host:port` of a URL: the unit of per-endpoint limits.
@@ -354,7 +410,7 @@ mod tests {
 
     #[test]
     fn idle_endpoints_are_forgotten_past_the_bound() {
-        let sender = WebhookSender::new(DeliveryConfig::default(), HashMap::new()).unwrap();
+        let sender = WebhookSender::new(DeliveryConfig::default(), HashMap::new(), Default::default()).unwrap();
         let busy = sender.endpoint("http://busy.example:1/hook");
         for i in 0..MAX_ENDPOINTS + 50 {
             drop(sender.endpoint(&format!("http://h{i}.example/hook")));
@@ -363,6 +419,27 @@ mod tests {
         assert!(endpoints.len() <= MAX_ENDPOINTS, "{} endpoints kept", endpoints.len());
         // One still in use is never forgotten.
         assert!(Arc::ptr_eq(&endpoints["http://busy.example:1"], &busy));
+    }
+
+    #[tokio::test]
+    async fn a_refused_target_is_reported_as_a_class() {
+        let sender = WebhookSender::new(DeliveryConfig::default(), HashMap::new(), Default::default()).unwrap();
+        let err = sender.client.post("http://localhost:9/hook").send().await.unwrap_err();
+        // The chain, printed if the class is wrong.
+        let mut chain = Vec::new();
+        let mut source: Option<&(dyn std::error::Error + 'static)> = Some(&err);
+        while let Some(s) = source {
+            chain.push(format!("{s:?}"));
+            source = s.source();
+        }
+        assert_eq!(
+            error_class(&err),
+            (
+                "egress_refused",
+                "refused by the webhook egress policy: loopback address (allow it with delivery.webhook_allow)".into()
+            ),
+            "{chain:#?}"
+        );
     }
 
     #[test]
