@@ -1,0 +1,57 @@
+//! The HTTP API's JSON request bodies (create, batch create, reschedule),
+//! from arbitrary bytes, through the same decoding and conversion to the
+//! gRPC request the HTTP handlers use, then the domain's input rules on
+//! the key, labels and retry policy. Nothing may panic; bad input is an
+//! error.
+#![no_main]
+
+use libfuzzer_sys::fuzz_target;
+use tocsin_contract::json::CreateTimerJson;
+use tocsin_contract::json::CreateTimersJson;
+use tocsin_contract::json::RescheduleJson;
+use tocsin_core::Limits;
+use tocsin_core::TimerKey;
+use tocsin_core::validate;
+
+fn check(req: tocsin_proto::v1::CreateTimerRequest, limits: &Limits) {
+    let _ = validate::check_key(&TimerKey::new(req.namespace, req.id));
+    let _ = validate::check_payload(&req.payload, limits);
+    let labels: std::collections::BTreeMap<String, String> = req.labels.into_iter().collect();
+    let _ = validate::check_labels(&labels);
+    if let Some(retry) = req.retry {
+        let policy = tocsin_core::RetryPolicy {
+            max_attempts: retry.max_attempts,
+            initial_backoff_ms: retry.initial_backoff_ms,
+            max_backoff_ms: retry.max_backoff_ms,
+            give_up_after_ms: retry.give_up_after_ms,
+        };
+        if validate::check_retry(&policy, limits).is_ok() {
+            let effective = validate::effective_retry(&policy, limits);
+            for attempt in [1, 2, 30, effective.max_attempts] {
+                let _ = tocsin_core::backoff::backoff_ms(&effective, attempt, 0.5);
+            }
+        }
+    }
+}
+
+fuzz_target!(|data: &[u8]| {
+    let limits = Limits::default();
+    let Some((&which, data)) = data.split_first() else { return };
+    match which % 3 {
+        0 => {
+            if let Ok(body) = serde_json::from_slice::<CreateTimerJson>(data) {
+                check(body.into_proto(), &limits);
+            }
+        }
+        1 => {
+            if let Ok(body) = serde_json::from_slice::<CreateTimersJson>(data) {
+                for timer in body.timers {
+                    check(timer.into_proto(), &limits);
+                }
+            }
+        }
+        _ => {
+            let _ = serde_json::from_slice::<RescheduleJson>(data);
+        }
+    }
+});
