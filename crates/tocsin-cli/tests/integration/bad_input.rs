@@ -240,9 +240,18 @@ async fn every_rule_answers_the_right_code() {
     let resp = http.delete(format!("{base}/v1/timers/orders/missing")).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 404);
     assert_eq!(resp.json::<serde_json::Value>().await.unwrap()["outcome"], "NOT_FOUND");
-    for query in ["state=SLEEPING", "page_token=garbage!", "page_size=5000", "fire_before_ms=abc"] {
+    for (query, field) in [
+        ("state=SLEEPING", "state"),
+        ("page_token=garbage!", "page_token"),
+        ("page_size=5000", "page_size"),
+        ("fire_before_ms=abc", "fire_before_ms"),
+        // A misspelt filter is refused, not ignored (it would list everything).
+        ("sate=DEAD", "sate"),
+    ] {
         let resp = http.get(format!("{base}/v1/timers/orders?{query}")).send().await.unwrap();
         assert_eq!(resp.status().as_u16(), 400, "{query}");
+        let v: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(v["error"]["field"], field, "{query}: {v}");
     }
     let err = grpc
         .ack(pb::AckRequest {

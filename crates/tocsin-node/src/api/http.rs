@@ -275,39 +275,9 @@ async fn list(
     Path(namespace): Path<String>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let num = |name: &str| -> Result<u64, Response> {
-        match query.get(name) {
-            None => Ok(0),
-            Some(v) => v.parse().map_err(|_| {
-                error_response(tonic::Code::InvalidArgument, &format!("{name} must be an unsigned integer"), name)
-            }),
-        }
-    };
-    let state = match query.get("state").map(String::as_str) {
-        None | Some("") => 0,
-        Some(name) => match pb::timer::State::from_str_name(name) {
-            Some(s) => s as i32,
-            None => {
-                return error_response(
-                    tonic::Code::InvalidArgument,
-                    &format!("unknown state {name:?}: use SCHEDULED, FIRING, DELIVERED, DEAD or CANCELLED"),
-                    "state",
-                );
-            }
-        },
-    };
-    let request = match (|| -> Result<pb::ListTimersRequest, Response> {
-        Ok(pb::ListTimersRequest {
-            namespace: namespace.clone(),
-            state,
-            fire_after_ms: num("fire_after_ms")?,
-            fire_before_ms: num("fire_before_ms")?,
-            page_size: u32::try_from(num("page_size")?).unwrap_or(u32::MAX),
-            page_token: query.get("page_token").cloned().unwrap_or_default(),
-        })
-    })() {
-        Ok(r) => r,
-        Err(resp) => return resp,
+    let request = match tocsin_contract::query::list_timers(&namespace, &query) {
+        Ok(request) => request,
+        Err(e) => return error_response(tonic::Code::InvalidArgument, &e.message, &e.field),
     };
     match s.timers.list_timers(tonic::Request::new(request)).await {
         Ok(resp) => {

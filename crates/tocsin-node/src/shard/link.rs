@@ -34,7 +34,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 use std::time::Instant;
 
-use prost::Message as _;
 use tocsin_proto::v1 as pb;
 use tokio::io::AsyncReadExt;
 use tokio::io::AsyncWrite;
@@ -46,11 +45,10 @@ use tokio::sync::mpsc;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
-/// What a connecting link writes first. Its first byte is not the first
-/// byte of HTTP/2's preface (`P`), nor of a TLS handshake.
-pub const PREFACE: &[u8; 8] = b"TCSNRL01";
-/// Largest frame either side accepts (an append with many payloads).
-pub const MAX_FRAME_BYTES: usize = 64 << 20;
+// The framing itself is the contract's, fuzzed there.
+pub use tocsin_contract::link_frame::MAX_FRAME_BYTES;
+pub use tocsin_contract::link_frame::PREFACE;
+pub use tocsin_contract::link_frame::read_frame;
 /// Most messages written as one frame.
 const MAX_ITEMS_PER_FRAME: usize = 1024;
 /// A frame is closed once its messages' payloads pass this.
@@ -345,12 +343,7 @@ async fn write_frames<T: FrameItem, W: AsyncWrite + Unpin>(
         metrics::histogram!("tocsin_raft_link_messages_per_frame").record(items.len() as f64);
         let frame = frame_of(items);
         buf.clear();
-        buf.extend_from_slice(&[0; 4]);
-        if frame.encode(&mut buf).is_err() {
-            return;
-        }
-        let len = (buf.len() - 4) as u32;
-        buf[..4].copy_from_slice(&len.to_be_bytes());
+        tocsin_contract::link_frame::encode_frame(&frame, &mut buf);
         if write.write_all(&buf).await.is_err() {
             return;
         }
@@ -359,23 +352,6 @@ async fn write_frames<T: FrameItem, W: AsyncWrite + Unpin>(
         }
         after_write();
     }
-}
-
-/// Reads one frame; `None` at a clean end of stream.
-pub async fn read_frame<R: tokio::io::AsyncRead + Unpin>(read: &mut R) -> io::Result<Option<pb::RaftLinkFrame>> {
-    let mut len = [0u8; 4];
-    match read.read_exact(&mut len).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
-    }
-    let len = u32::from_be_bytes(len) as usize;
-    if len > MAX_FRAME_BYTES {
-        return Err(io::Error::new(io::ErrorKind::InvalidData, format!("raft link frame of {len} bytes")));
-    }
-    let mut body = vec![0u8; len];
-    read.read_exact(&mut body).await?;
-    pb::RaftLinkFrame::decode(body.as_slice()).map(Some).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
 }
 
 /// Answers one request (the transport service's side).
