@@ -77,16 +77,38 @@ fn install_metrics() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
     metrics_exporter_prometheus::PrometheusBuilder::new().set_buckets(&buckets).ok()?.install_recorder().ok()
 }
 
-async fn run_until_signal(config: NodeConfig, on_ready: impl FnOnce(&Node)) -> anyhow::Result<ExitCode> {
+/// Loads the config again, as at start (SIGHUP).
+type Reload = Box<dyn Fn() -> anyhow::Result<NodeConfig> + Send>;
+
+async fn run_until_signal(
+    config: NodeConfig,
+    reload: Option<Reload>,
+    on_ready: impl FnOnce(&Node),
+) -> anyhow::Result<ExitCode> {
     let node = Node::start(config, install_metrics()).await.context("starting the node")?;
     if !node.wait_ready(Duration::from_secs(30)).await {
         tracing::warn!("not every shard has a leader after 30 s; serving anyway");
     }
     on_ready(&node);
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
-        _ = term.recv() => {}
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())?;
+    loop {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => break,
+            _ = term.recv() => break,
+            _ = hup.recv() => {
+                let Some(reload) = &reload else {
+                    tracing::info!("SIGHUP: nothing to reload (tocsin dev has no config file)");
+                    continue;
+                };
+                // A bad file keeps the running secrets: rotation must never
+                // leave a node signing with nothing.
+                match reload().and_then(|config| Ok(node.reload(&config)?)) {
+                    Ok(namespaces) => tracing::info!(namespaces, "SIGHUP: webhook signing secrets reloaded"),
+                    Err(e) => tracing::warn!(error = %format!("{e:#}"), "SIGHUP: config reload failed; keeping the current secrets"),
+                }
+            }
+        }
     }
     tracing::info!("shutting down");
     node.shutdown().await;
@@ -111,7 +133,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     init_logging(&config.log);
     let shards = config.num_shards;
     let data = args.data.display().to_string();
-    run_until_signal(config, |node| {
+    run_until_signal(config, None, |node| {
         let http = node.http_addr;
         println!();
         println!("Tocsin dev node 1 is running: {shards} shards, data in {data}");
@@ -148,7 +170,9 @@ fn node_id_from_hostname(host: &str) -> Option<u64> {
     ordinal.parse::<u64>().ok()?.checked_add(1)
 }
 
-pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+/// The config `serve` runs with: the file and the environment, then the
+/// command line's overrides.
+fn serve_config(args: &ServeArgs) -> anyhow::Result<(NodeConfig, Vec<String>)> {
     let (mut config, ignored) =
         NodeConfig::load_reporting(args.config.as_deref(), std::env::vars()).context("loading the config")?;
     if let Some(v) = args.node_id {
@@ -159,22 +183,22 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         config.node_id =
             node_id_from_hostname(&host).with_context(|| format!("host name {host:?} does not end in -<ordinal>"))?;
     }
-    if let Some(v) = args.data {
+    if let Some(v) = args.data.clone() {
         config.data_dir = v;
     }
-    if let Some(v) = args.grpc {
+    if let Some(v) = args.grpc.clone() {
         config.grpc_listen = v;
     }
-    if let Some(v) = args.http {
+    if let Some(v) = args.http.clone() {
         config.http_listen = v;
     }
-    if let Some(v) = args.advertise_grpc {
+    if let Some(v) = args.advertise_grpc.clone() {
         config.grpc_advertise = Some(v);
     }
-    if let Some(v) = args.advertise_http {
+    if let Some(v) = args.advertise_http.clone() {
         config.http_advertise = Some(v);
     }
-    if let Some(v) = args.initial_cluster {
+    if let Some(v) = args.initial_cluster.clone() {
         config.initial_cluster = v;
     }
     if let Some(v) = args.shards {
@@ -184,6 +208,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
         config.join = true;
     }
     config.validate().context("invalid configuration")?;
+    Ok((config, ignored))
+}
+
+pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
+    let (config, ignored) = serve_config(&args)?;
     init_logging(&config.log);
     for name in ignored {
         tracing::warn!(
@@ -191,7 +220,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             "ignoring a TOCSIN_* environment variable that names no setting (Kubernetes sets TOCSIN_SERVICE_* and TOCSIN_PORT* for a Service named tocsin)"
         );
     }
-    run_until_signal(config, |node| {
+    let reload: Reload = Box::new(move || Ok(serve_config(&args)?.0));
+    run_until_signal(config, Some(reload), |node| {
         println!("ready grpc={} http={}", node.grpc_addr, node.http_addr);
     })
     .await

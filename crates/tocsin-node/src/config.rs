@@ -198,6 +198,24 @@ impl Default for DeliveryConfig {
     }
 }
 
+impl NodeConfig {
+    /// Every namespace's signing keys, the current one first (what
+    /// `validate` accepted; anything else is left out).
+    pub fn signing_keys(&self) -> std::collections::HashMap<String, Vec<Vec<u8>>> {
+        self.namespaces
+            .iter()
+            .filter_map(|(ns, c)| {
+                let current = c.webhook_secret.as_ref()?;
+                let keys: Vec<Vec<u8>> = std::iter::once(current)
+                    .chain(&c.webhook_previous_secrets)
+                    .filter_map(|s| tocsin_contract::signing::secret_bytes(s).ok())
+                    .collect();
+                Some((ns.clone(), keys))
+            })
+            .collect()
+    }
+}
+
 impl DeliveryConfig {
     /// The SSRF guard's allowlist, parsed.
     pub fn egress_policy(&self) -> Result<crate::egress::EgressPolicy, ConfigError> {
@@ -271,6 +289,12 @@ pub struct NamespaceConfig {
     /// Standard Webhooks signing secret (`whsec_` + base64, or raw text of at
     /// least 24 bytes). Deliveries are signed when set.
     pub webhook_secret: Option<String>,
+    /// Secrets being rotated out: deliveries carry a signature with each of
+    /// them too (Standard Webhooks lists several), so receivers that still
+    /// hold an old secret keep verifying while they move to the new one.
+    /// `tocsin serve` re-reads secrets on SIGHUP, without a restart.
+    #[serde(deserialize_with = "list_or_comma_separated")]
+    pub webhook_previous_secrets: Vec<String>,
 }
 
 /// Written by hand so a logged or printed config never shows a secret.
@@ -278,6 +302,7 @@ impl std::fmt::Debug for NamespaceConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NamespaceConfig")
             .field("webhook_secret", &self.webhook_secret.as_ref().map(|_| "<redacted>"))
+            .field("webhook_previous_secrets", &format!("<{} redacted>", self.webhook_previous_secrets.len()))
             .finish()
     }
 }
@@ -302,7 +327,7 @@ fn is_setting(path: &[String]) -> bool {
         leaves
     });
     static NAMESPACE_FIELDS: std::sync::LazyLock<Vec<String>> = std::sync::LazyLock::new(|| {
-        let ns = NamespaceConfig { webhook_secret: Some(String::new()) };
+        let ns = NamespaceConfig { webhook_secret: Some(String::new()), webhook_previous_secrets: Vec::new() };
         toml::Table::try_from(&ns).expect("namespace settings serialize").keys().cloned().collect()
     });
     match path {
@@ -434,8 +459,22 @@ impl NodeConfig {
         for (ns, cfg) in &self.namespaces {
             tocsin_core::validate::check_namespace(ns)
                 .map_err(|e| ConfigError::Invalid { field: format!("namespaces.{ns}"), message: e.message })?;
-            if let Some(secret) = &cfg.webhook_secret {
-                let field = format!("namespaces.{ns}.webhook_secret");
+            if cfg.webhook_secret.is_none() && !cfg.webhook_previous_secrets.is_empty() {
+                return invalid(
+                    &format!("namespaces.{ns}.webhook_previous_secrets"),
+                    "needs a webhook_secret to rotate to",
+                );
+            }
+            if cfg.webhook_previous_secrets.len() > 8 {
+                return invalid(&format!("namespaces.{ns}.webhook_previous_secrets"), "at most 8");
+            }
+            for (name, secret) in cfg
+                .webhook_secret
+                .iter()
+                .map(|s| ("webhook_secret", s))
+                .chain(cfg.webhook_previous_secrets.iter().map(|s| ("webhook_previous_secrets", s)))
+            {
+                let field = format!("namespaces.{ns}.{name}");
                 match tocsin_contract::signing::secret_bytes(secret) {
                     Err(e) => return invalid(&field, &e.to_string()),
                     Ok(key) if key.len() < 24 => return invalid(&field, "must be at least 24 bytes"),

@@ -20,7 +20,6 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use metrics_exporter_prometheus::PrometheusHandle;
-use tocsin_contract::signing;
 use tocsin_core::ShardId;
 use tocsin_proto::v1 as pb;
 use tocsin_store::NodeAddr;
@@ -119,6 +118,18 @@ impl Node {
     }
 
     /// Waits until every hosted shard has a leader, or the timeout passes.
+    /// Takes what a running node can change without a restart from a
+    /// freshly loaded config: the webhook signing secrets (rotation).
+    /// Returns how many namespaces sign. Everything else in `config` is
+    /// ignored until the next start.
+    pub fn reload(&self, config: &NodeConfig) -> Result<usize, crate::config::ConfigError> {
+        config.validate()?;
+        let keys = config.signing_keys();
+        let n = keys.len();
+        self.state.dispatcher.webhook.set_secrets(keys);
+        Ok(n)
+    }
+
     pub async fn wait_ready(&self, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
@@ -302,14 +313,7 @@ fn shared_state(
     fire_runtime: &SideRuntime,
 ) -> Result<Arc<NodeState>, StartError> {
     let node_id = config.node_id;
-    let secrets = config
-        .namespaces
-        .iter()
-        // `validate` refused malformed secrets already.
-        .filter_map(|(ns, c)| {
-            c.webhook_secret.as_ref().and_then(|s| Some((ns.clone(), signing::secret_bytes(s).ok()?)))
-        })
-        .collect();
+    let secrets = config.signing_keys();
     let egress = Arc::new(config.delivery.egress_policy()?);
     let webhook = WebhookSender::new(config.delivery.clone(), secrets, egress.clone())
         .map_err(|e| StartError::Webhook(e.to_string()))?;

@@ -8,5 +8,6 @@ mod egress;
 mod faults;
 mod pull;
 mod routing;
+mod signing;
 mod support;
 mod webhook;

@@ -39,13 +39,18 @@ pub struct NodeProcess {
 impl NodeProcess {
     /// Starts a single-node cluster with `env` as extra `TOCSIN_*` settings.
     pub fn start(dir: &std::path::Path, env: &[(&str, &str)]) -> NodeProcess {
+        NodeProcess::start_with_args(dir, &[], env)
+    }
+
+    /// [`start`](Self::start) with extra `tocsin serve` arguments.
+    pub fn start_with_args(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> NodeProcess {
         let ports = free_ports(2);
         let mut node = NodeProcess {
             node_id: 1,
             data: dir.join("data"),
             grpc: format!("127.0.0.1:{}", ports[0]),
             http: format!("127.0.0.1:{}", ports[1]),
-            args: Vec::new(),
+            args: args.iter().map(|a| a.to_string()).collect(),
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             child: None,
             log: dir.join("node.log"),
@@ -164,6 +169,12 @@ impl NodeProcess {
         assert!(self.child.is_none(), "kill it first");
         self.spawn();
         self.wait_ready();
+    }
+
+    /// Sends `signal` (as `kill -s` names it) to the running node.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("running").id();
+        assert!(Command::new("kill").args(["-s", signal, &pid.to_string()]).status().unwrap().success());
     }
 
     pub fn log(&self) -> String {

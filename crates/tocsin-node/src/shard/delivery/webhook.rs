@@ -88,14 +88,16 @@ pub struct WebhookSender {
     config: DeliveryConfig,
     endpoints: Mutex<HashMap<String, Arc<Endpoint>>>,
     global: Arc<Semaphore>,
-    secrets: HashMap<String, Vec<u8>>,
+    /// Per namespace, the signing keys, current first: every delivery is
+    /// signed with each (rotation). Replaced whole by [`Self::set_secrets`].
+    secrets: std::sync::RwLock<Arc<HashMap<String, Vec<Vec<u8>>>>>,
     policy: Arc<EgressPolicy>,
 }
 
 impl WebhookSender {
     pub fn new(
         config: DeliveryConfig,
-        secrets: HashMap<String, Vec<u8>>,
+        secrets: HashMap<String, Vec<Vec<u8>>>,
         policy: Arc<EgressPolicy>,
     ) -> Result<WebhookSender, reqwest::Error> {
         let client = tocsin_contract::tls::http_client_builder()
@@ -113,9 +115,15 @@ impl WebhookSender {
             global: Arc::new(Semaphore::new(config.max_in_flight)),
             config,
             endpoints: Mutex::new(HashMap::new()),
-            secrets,
+            secrets: std::sync::RwLock::new(Arc::new(secrets)),
             policy,
         })
+    }
+
+    /// Replaces every namespace's signing keys (a config reload): the next
+    /// attempt is signed with the new ones.
+    pub fn set_secrets(&self, secrets: HashMap<String, Vec<Vec<u8>>>) {
+        *self.secrets.write().expect("secrets lock") = Arc::new(secrets);
     }
 
     fn endpoint(&self, url: &str) -> Arc<Endpoint> {
@@ -261,8 +269,11 @@ impl WebhookSender {
             .header("content-type", "application/json")
             .header(headers::WEBHOOK_ID, &fire_id)
             .header(headers::WEBHOOK_TIMESTAMP, timestamp_s.to_string());
-        if let Some(secret) = self.secrets.get(&key.namespace) {
-            request = request.header(headers::WEBHOOK_SIGNATURE, signing::sign(secret, &fire_id, timestamp_s, &body));
+        let secrets = self.secrets.read().expect("secrets lock").clone();
+        if let Some(keys) = secrets.get(&key.namespace).filter(|k| !k.is_empty()) {
+            // Standard Webhooks: space-separated signatures, one per key.
+            let signatures: Vec<String> = keys.iter().map(|k| signing::sign(k, &fire_id, timestamp_s, &body)).collect();
+            request = request.header(headers::WEBHOOK_SIGNATURE, signatures.join(" "));
         }
         let started = std::time::Instant::now();
         let response = request.body(body).send().await;
