@@ -199,20 +199,37 @@ impl Default for DeliveryConfig {
 }
 
 impl NodeConfig {
-    /// Every namespace's signing keys, the current one first (what
-    /// `validate` accepted; anything else is left out).
-    pub fn signing_keys(&self) -> std::collections::HashMap<String, Vec<Vec<u8>>> {
-        self.namespaces
-            .iter()
-            .filter_map(|(ns, c)| {
-                let current = c.webhook_secret.as_ref()?;
-                let keys: Vec<Vec<u8>> = std::iter::once(current)
-                    .chain(&c.webhook_previous_secrets)
-                    .filter_map(|s| tocsin_contract::signing::secret_bytes(s).ok())
-                    .collect();
-                Some((ns.clone(), keys))
-            })
-            .collect()
+    /// Every namespace's signing keys, the current one first, decoded and
+    /// checked once: `validate` and the node (at start and on SIGHUP) both
+    /// take them from here.
+    pub fn signing_keys(&self) -> Result<std::collections::HashMap<String, Vec<Vec<u8>>>, ConfigError> {
+        let invalid = |field: String, message: &str| ConfigError::Invalid { field, message: message.into() };
+        let mut keys = std::collections::HashMap::new();
+        for (ns, cfg) in &self.namespaces {
+            let Some(current) = &cfg.webhook_secret else {
+                if !cfg.webhook_previous_secrets.is_empty() {
+                    let field = format!("namespaces.{ns}.webhook_previous_secrets");
+                    return Err(invalid(field, "needs a webhook_secret to rotate to"));
+                }
+                continue;
+            };
+            if cfg.webhook_previous_secrets.len() > 8 {
+                return Err(invalid(format!("namespaces.{ns}.webhook_previous_secrets"), "at most 8"));
+            }
+            let named = std::iter::once(("webhook_secret", current))
+                .chain(cfg.webhook_previous_secrets.iter().map(|s| ("webhook_previous_secrets", s)));
+            let mut decoded = Vec::with_capacity(1 + cfg.webhook_previous_secrets.len());
+            for (name, secret) in named {
+                let field = format!("namespaces.{ns}.{name}");
+                match tocsin_contract::signing::secret_bytes(secret) {
+                    Err(e) => return Err(invalid(field, &e.to_string())),
+                    Ok(key) if key.len() < 24 => return Err(invalid(field, "must be at least 24 bytes")),
+                    Ok(key) => decoded.push(key),
+                }
+            }
+            keys.insert(ns.clone(), decoded);
+        }
+        Ok(keys)
     }
 }
 
@@ -456,32 +473,11 @@ impl NodeConfig {
             return invalid("delivery.webhook_allow", "at most 1000 entries");
         }
         self.delivery.egress_policy()?;
-        for (ns, cfg) in &self.namespaces {
+        for ns in self.namespaces.keys() {
             tocsin_core::validate::check_namespace(ns)
                 .map_err(|e| ConfigError::Invalid { field: format!("namespaces.{ns}"), message: e.message })?;
-            if cfg.webhook_secret.is_none() && !cfg.webhook_previous_secrets.is_empty() {
-                return invalid(
-                    &format!("namespaces.{ns}.webhook_previous_secrets"),
-                    "needs a webhook_secret to rotate to",
-                );
-            }
-            if cfg.webhook_previous_secrets.len() > 8 {
-                return invalid(&format!("namespaces.{ns}.webhook_previous_secrets"), "at most 8");
-            }
-            for (name, secret) in cfg
-                .webhook_secret
-                .iter()
-                .map(|s| ("webhook_secret", s))
-                .chain(cfg.webhook_previous_secrets.iter().map(|s| ("webhook_previous_secrets", s)))
-            {
-                let field = format!("namespaces.{ns}.{name}");
-                match tocsin_contract::signing::secret_bytes(secret) {
-                    Err(e) => return invalid(&field, &e.to_string()),
-                    Ok(key) if key.len() < 24 => return invalid(&field, "must be at least 24 bytes"),
-                    Ok(_) => {}
-                }
-            }
         }
+        self.signing_keys()?;
         self.initial_members().map(|_| ())
     }
 

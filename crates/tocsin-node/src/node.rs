@@ -117,19 +117,19 @@ impl Node {
         Ok(Node { state, grpc_addr, http_addr, shutdown, servers, supervisors, raft_runtime, fire_runtime })
     }
 
-    /// Waits until every hosted shard has a leader, or the timeout passes.
     /// Takes what a running node can change without a restart from a
     /// freshly loaded config: the webhook signing secrets (rotation).
     /// Returns how many namespaces sign. Everything else in `config` is
     /// ignored until the next start.
     pub fn reload(&self, config: &NodeConfig) -> Result<usize, crate::config::ConfigError> {
         config.validate()?;
-        let keys = config.signing_keys();
+        let keys = config.signing_keys()?;
         let n = keys.len();
         self.state.dispatcher.webhook.set_secrets(keys);
         Ok(n)
     }
 
+    /// Waits until every hosted shard has a leader, or the timeout passes.
     pub async fn wait_ready(&self, timeout: Duration) -> bool {
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
@@ -313,10 +313,10 @@ fn shared_state(
     fire_runtime: &SideRuntime,
 ) -> Result<Arc<NodeState>, StartError> {
     let node_id = config.node_id;
-    let secrets = config.signing_keys();
+    let secrets = config.signing_keys()?;
     let egress = Arc::new(config.delivery.egress_policy()?);
-    let webhook = WebhookSender::new(config.delivery.clone(), secrets, egress.clone())
-        .map_err(|e| StartError::Webhook(e.to_string()))?;
+    let webhook =
+        WebhookSender::new(config.delivery.clone(), secrets, egress).map_err(|e| StartError::Webhook(e.to_string()))?;
     let dispatcher = Arc::new(Dispatcher { webhook: Arc::new(webhook), pull: PullHub::new(config.delivery.clone()) });
     let admission = Admission::start(config.admission.clone(), config.data_dir.clone());
     admission.watch_fire_lag(fire_runtime.lag_us());
@@ -346,7 +346,6 @@ fn shared_state(
         fire_runtime: fire_runtime.handle().clone(),
         hosting: tokio::sync::Mutex::new(()),
         dispatcher,
-        egress,
         admission,
         metrics,
         forwarder: Arc::new(Forwarder::new(Duration::from_millis(config.admission.request_timeout_ms))),

@@ -59,9 +59,6 @@ pub struct NodeState {
     /// writes.
     pub(crate) hosting: tokio::sync::Mutex<()>,
     pub dispatcher: Arc<Dispatcher>,
-    /// The SSRF guard's allowlist: checked at create (`api::parse`) and by
-    /// the webhook sender at connect.
-    pub egress: Arc<crate::egress::EgressPolicy>,
     pub admission: Arc<Admission>,
     pub metrics: Option<PrometheusHandle>,
     pub forwarder: Arc<Forwarder>,

@@ -141,7 +141,8 @@ impl TimerApi {
         // Parse each; group the valid ones by shard.
         let mut by_shard: BTreeMap<u32, Vec<(usize, ValidCreate)>> = BTreeMap::new();
         for (i, item) in timers.iter().enumerate() {
-            match parse::create(item, self.limits(), self.node.config.num_shards, &self.node.egress) {
+            match parse::create(item, self.limits(), self.node.config.num_shards, self.node.dispatcher.webhook.egress())
+            {
                 Ok(valid) => by_shard.entry(valid.target.shard).or_default().push((i, valid)),
                 Err(e) => results[i] = Some(Err(e)),
             }

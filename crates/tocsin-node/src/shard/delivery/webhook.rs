@@ -120,6 +120,12 @@ impl WebhookSender {
         })
     }
 
+    /// The SSRF guard's allowlist this sender connects under; `api::parse`
+    /// checks creates against the same one.
+    pub fn egress(&self) -> &EgressPolicy {
+        &self.policy
+    }
+
     /// Replaces every namespace's signing keys (a config reload): the next
     /// attempt is signed with the new ones.
     pub fn set_secrets(&self, secrets: HashMap<String, Vec<Vec<u8>>>) {
