@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Sets up a fresh machine, builds Tocsin, and runs a three-node cluster on
 # loopback until Ctrl-C:
-#   node 1  gRPC 127.0.0.1:7070  HTTP 127.0.0.1:7071
-#   node 2  gRPC 127.0.0.1:7080  HTTP 127.0.0.1:7081
-#   node 3  gRPC 127.0.0.1:7090  HTTP 127.0.0.1:7091
+#   node 1  gRPC 127.0.0.1:7070  HTTP 127.0.0.1:7071  peer 127.0.0.1:7072
+#   node 2  gRPC 127.0.0.1:7080  HTTP 127.0.0.1:7081  peer 127.0.0.1:7082
+#   node 3  gRPC 127.0.0.1:7090  HTTP 127.0.0.1:7091  peer 127.0.0.1:7092
+# (a node's peer port, for Raft and forwarding, defaults to its gRPC port + 2)
 # Data and logs go to ./tocsin-cluster/n{1,2,3}; a restart reuses them.
 # Environment: SHARDS (default 12), DATA (default ./tocsin-cluster),
 # TOCSIN_DELIVERY__WEBHOOK_ALLOW (default 127.0.0.0/8,::1/128: receivers on

@@ -21,6 +21,8 @@ use crate::net::Net;
 
 pub const GRPC_PORT: u16 = 7070;
 pub const HTTP_PORT: u16 = 7071;
+/// The peer port: Raft, replica control and forwarding between nodes.
+pub const PEER_PORT: u16 = 7072;
 pub const SINK_PORT: u16 = 9000;
 
 /// How a scenario wants its nodes and receivers started.
@@ -198,7 +200,7 @@ impl Cluster {
             .enumerate()
             .map(|(i, n)| {
                 let ip = &net.host(n).ip;
-                format!("{}={ip}:{GRPC_PORT}/{ip}:{HTTP_PORT}", i + 1)
+                format!("{}={ip}:{GRPC_PORT}/{ip}:{HTTP_PORT}/{ip}:{PEER_PORT}", i + 1)
             })
             .collect();
         for (i, name) in names.iter().enumerate() {
@@ -252,6 +254,10 @@ impl Cluster {
             format!("{}:{GRPC_PORT}", host.ip),
             "--advertise-http".into(),
             format!("{}:{HTTP_PORT}", host.ip),
+            "--peer".into(),
+            format!("0.0.0.0:{PEER_PORT}"),
+            "--advertise-peer".into(),
+            format!("{}:{PEER_PORT}", host.ip),
             "--shards".into(),
             self.shards.to_string(),
         ];

@@ -19,6 +19,10 @@ pub struct DevArgs {
     grpc: String,
     #[arg(long, default_value = "127.0.0.1:7071")]
     http: String,
+    /// The peer port (Raft and forwarding; a dev node has no peers, but
+    /// listens): default the gRPC port + 2.
+    #[arg(long)]
+    peer: Option<String>,
 }
 
 #[derive(clap::Args)]
@@ -42,13 +46,20 @@ pub struct ServeArgs {
     /// Overrides `http_listen`.
     #[arg(long)]
     http: Option<String>,
+    /// Overrides `peer_listen` (default: the gRPC port + 2).
+    #[arg(long)]
+    peer: Option<String>,
     /// Overrides `grpc_advertise`.
     #[arg(long)]
     advertise_grpc: Option<String>,
     /// Overrides `http_advertise`.
     #[arg(long)]
     advertise_http: Option<String>,
-    /// Overrides `initial_cluster`: `1=host:port/host:port,2=…` (gRPC/HTTP).
+    /// Overrides `peer_advertise`.
+    #[arg(long)]
+    advertise_peer: Option<String>,
+    /// Overrides `initial_cluster`: `1=grpc/http/peer,2=…` (host:port each;
+    /// without a peer address, the gRPC port + 2).
     #[arg(long, value_delimiter = ',')]
     initial_cluster: Option<Vec<String>>,
     /// Overrides `num_shards`.
@@ -124,6 +135,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         num_shards: args.shards,
         grpc_listen: args.grpc,
         http_listen: args.http,
+        peer_listen: args.peer,
         replication_factor: 1,
         ..NodeConfig::default()
     };
@@ -139,6 +151,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         println!("Tocsin dev node 1 is running: {shards} shards, data in {data}");
         println!("  gRPC     {}", node.grpc_addr);
         println!("  HTTP     http://{http}  (metrics at /metrics, health at /healthz and /readyz)");
+        println!("  peer     {}  (other nodes only: Raft and forwarding)", node.peer_addr);
         println!();
         println!("Receive callbacks (in another terminal):");
         println!("  tocsin sink --listen 127.0.0.1:9000");
@@ -192,11 +205,17 @@ fn serve_config(args: &ServeArgs) -> anyhow::Result<(NodeConfig, Vec<String>)> {
     if let Some(v) = args.http.clone() {
         config.http_listen = v;
     }
+    if let Some(v) = args.peer.clone() {
+        config.peer_listen = Some(v);
+    }
     if let Some(v) = args.advertise_grpc.clone() {
         config.grpc_advertise = Some(v);
     }
     if let Some(v) = args.advertise_http.clone() {
         config.http_advertise = Some(v);
+    }
+    if let Some(v) = args.advertise_peer.clone() {
+        config.peer_advertise = Some(v);
     }
     if let Some(v) = args.initial_cluster.clone() {
         config.initial_cluster = v;
@@ -222,7 +241,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     }
     let reload: Reload = Box::new(move || Ok(serve_config(&args)?.0));
     run_until_signal(config, Some(reload), |node| {
-        println!("ready grpc={} http={}", node.grpc_addr, node.http_addr);
+        println!("ready grpc={} http={} peer={}", node.grpc_addr, node.http_addr, node.peer_addr);
     })
     .await
 }

@@ -51,6 +51,7 @@ impl MapMerge {
                 Some(x) if Some(n.node_id) == from => {
                     x.grpc_addr = n.grpc_addr;
                     x.http_addr = n.http_addr;
+                    x.peer_addr = n.peer_addr;
                 }
                 Some(_) => {}
                 None => m.nodes.push(n),

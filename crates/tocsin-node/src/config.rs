@@ -28,18 +28,27 @@ pub struct NodeConfig {
     pub node_id: u64,
     /// Where RocksDB and snapshots live.
     pub data_dir: PathBuf,
-    /// gRPC listen address (public API and Raft transport).
+    /// The client gRPC listen address: TimerService and AdminService.
     pub grpc_listen: String,
     /// HTTP/JSON listen address.
     pub http_listen: String,
-    /// Addresses other nodes and clients use to reach this node; default to
+    /// The peer listen address: Raft links and transport, replica control
+    /// and requests forwarded between nodes. Only other nodes belong here:
+    /// bind it to the cluster's network. Default: `grpc_listen`'s host with
+    /// its port + 2 (`7072` next to `7070`; `:0` stays `:0`).
+    pub peer_listen: Option<String>,
+    /// Addresses clients (and, for `peer_advertise`, other nodes) use to
+    /// reach this node; default to the node's `initial_cluster` entry, else
     /// the listen addresses.
     pub grpc_advertise: Option<String>,
     pub http_advertise: Option<String>,
+    pub peer_advertise: Option<String>,
     /// Number of shards, fixed when the cluster is created.
     pub num_shards: u32,
-    /// Initial voters, `id=grpc_addr` or `id=grpc_addr/http_addr`; empty means
-    /// a single-node cluster of this node. Only the node with the lowest id
+    /// Initial voters, `id=grpc_addr`, `id=grpc_addr/http_addr` or
+    /// `id=grpc_addr/http_addr/peer_addr` (a missing peer address is the
+    /// gRPC address's port + 2); empty means a single-node cluster of this
+    /// node. Only the node with the lowest id
     /// initializes the groups; the others wait to be contacted.
     pub initial_cluster: Vec<String>,
     /// Start empty and wait to be added to a running cluster (`tocsin admin
@@ -72,8 +81,10 @@ impl Default for NodeConfig {
             data_dir: PathBuf::from("./tocsin-data"),
             grpc_listen: "127.0.0.1:7070".into(),
             http_listen: "127.0.0.1:7071".into(),
+            peer_listen: None,
             grpc_advertise: None,
             http_advertise: None,
+            peer_advertise: None,
             num_shards: 16,
             initial_cluster: Vec::new(),
             join: false,
@@ -335,8 +346,10 @@ fn is_setting(path: &[String]) -> bool {
         // The schema's leaves, from the defaults with every optional setting
         // filled in (an absent `Option` serializes to nothing).
         let config = NodeConfig {
+            peer_listen: Some(String::new()),
             grpc_advertise: Some(String::new()),
             http_advertise: Some(String::new()),
+            peer_advertise: Some(String::new()),
             ..NodeConfig::default()
         };
         let mut leaves = std::collections::BTreeSet::new();
@@ -433,6 +446,16 @@ impl NodeConfig {
         if self.num_shards == 0 || self.num_shards > 4096 {
             return invalid("num_shards", "must be between 1 and 4096");
         }
+        let peer = self.peer_listen();
+        if peer.is_empty() {
+            return invalid("peer_listen", "give host:port (it defaults to grpc_listen's port + 2, and that has none)");
+        }
+        if !peer.ends_with(":0") && (peer == self.grpc_listen || peer == self.http_listen) {
+            return invalid(
+                "peer_listen",
+                "must differ from grpc_listen and http_listen: peers and clients get a port each",
+            );
+        }
         if self.raft.heartbeat_ms * 2 >= self.raft.election_timeout_min_ms {
             return invalid("raft.heartbeat_ms", "must be under half of raft.election_timeout_min_ms");
         }
@@ -481,65 +504,105 @@ impl NodeConfig {
         self.initial_members().map(|_| ())
     }
 
-    /// The gRPC address peers and clients use: `grpc_advertise`, else this
-    /// node's own entry in `initial_cluster`, else the listen address.
+    /// The client gRPC address: `grpc_advertise`, else this node's own
+    /// entry in `initial_cluster`, else the listen address.
     pub fn grpc_advertise(&self) -> String {
         self.grpc_advertise
             .clone()
-            .or_else(|| self.own_initial_entry().map(|(g, _)| g))
+            .or_else(|| self.own_initial_entry().map(|m| m.grpc))
             .unwrap_or_else(|| self.grpc_listen.clone())
     }
 
-    /// The HTTP address forwarded requests use, found like [`Self::grpc_advertise`].
+    /// The HTTP address, found like [`Self::grpc_advertise`].
     pub fn http_advertise(&self) -> String {
         self.http_advertise
             .clone()
-            .or_else(|| self.own_initial_entry().map(|(_, h)| h).filter(|h| !h.is_empty()))
+            .or_else(|| self.own_initial_entry().map(|m| m.http).filter(|h| !h.is_empty()))
             .unwrap_or_else(|| self.http_listen.clone())
     }
 
-    /// This node's `(grpc, http)` in `initial_cluster`, if it is listed.
-    fn own_initial_entry(&self) -> Option<(String, String)> {
+    /// The peer listen address (see `peer_listen`).
+    pub fn peer_listen(&self) -> String {
+        self.peer_listen.clone().unwrap_or_else(|| peer_next_to(&self.grpc_listen))
+    }
+
+    /// The peer address other nodes dial, found like [`Self::grpc_advertise`].
+    pub fn peer_advertise(&self) -> String {
+        self.peer_advertise
+            .clone()
+            .or_else(|| self.own_initial_entry().map(|m| m.peer))
+            .unwrap_or_else(|| self.peer_listen())
+    }
+
+    /// This node's entry in `initial_cluster`, if it is listed.
+    fn own_initial_entry(&self) -> Option<Member> {
         if self.initial_cluster.is_empty() {
             return None;
         }
         let members = self.initial_members().ok()?;
-        members.into_iter().find(|m| m.0 == self.node_id).map(|(_, g, h)| (g, h))
+        members.into_iter().find(|m| m.id == self.node_id)
     }
 
-    /// The initial voters: `(id, grpc address, http address)`.
-    pub fn initial_members(&self) -> Result<Vec<(u64, String, String)>, ConfigError> {
+    /// The initial voters.
+    pub fn initial_members(&self) -> Result<Vec<Member>, ConfigError> {
         if self.initial_cluster.is_empty() {
-            return Ok(vec![(self.node_id, self.grpc_advertise(), self.http_advertise())]);
+            return Ok(vec![Member {
+                id: self.node_id,
+                grpc: self.grpc_advertise(),
+                http: self.http_advertise(),
+                peer: self.peer_advertise(),
+            }]);
         }
-        let mut out = Vec::new();
+        let mut out: Vec<Member> = Vec::new();
         for item in &self.initial_cluster {
             let bad = || ConfigError::Invalid {
                 field: "initial_cluster".into(),
-                message: format!("{item:?} is not id=grpc_addr or id=grpc_addr/http_addr"),
+                message: format!(
+                    "{item:?} is not id=grpc_addr, id=grpc_addr/http_addr or id=grpc_addr/http_addr/peer_addr"
+                ),
             };
             let (id, addrs) = item.split_once('=').ok_or_else(bad)?;
             let id: u64 = id.trim().parse().map_err(|_| bad())?;
-            let (grpc, http) = match addrs.split_once('/') {
-                Some((g, h)) => (g.trim().to_string(), h.trim().to_string()),
-                None => (addrs.trim().to_string(), String::new()),
-            };
-            if grpc.is_empty() || id == 0 {
+            let mut parts = addrs.split('/').map(|a| a.trim().to_string());
+            let grpc = parts.next().unwrap_or_default();
+            let http = parts.next().unwrap_or_default();
+            let peer = parts.next().unwrap_or_else(|| peer_next_to(&grpc));
+            if grpc.is_empty() || peer.is_empty() || id == 0 || parts.next().is_some() {
                 return Err(bad());
             }
-            out.push((id, grpc, http));
+            out.push(Member { id, grpc, http, peer });
         }
-        out.sort_by_key(|m| m.0);
-        out.dedup_by_key(|m| m.0);
+        out.sort_by_key(|m| m.id);
+        out.dedup_by_key(|m| m.id);
         // A joining node may name the cluster it will join without being in
         // it (a StatefulSet gives every pod the same flags).
-        if !self.join && !out.iter().any(|m| m.0 == self.node_id) {
+        if !self.join && !out.iter().any(|m| m.id == self.node_id) {
             return Err(ConfigError::Invalid {
                 field: "initial_cluster".into(),
                 message: format!("does not list this node's id {}", self.node_id),
             });
         }
         Ok(out)
+    }
+}
+
+/// One initial voter's addresses.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub id: u64,
+    pub grpc: String,
+    pub http: String,
+    pub peer: String,
+}
+
+/// The default peer address next to a gRPC address: the same host, port +
+/// 2 (`:0`, an ephemeral port, stays `:0`). Empty if `grpc` has no port.
+pub fn peer_next_to(grpc: &str) -> String {
+    let Some((host, port)) = grpc.rsplit_once(':') else { return String::new() };
+    match port.parse::<u16>() {
+        Ok(0) => format!("{host}:0"),
+        Ok(p) => p.checked_add(2).map(|p| format!("{host}:{p}")).unwrap_or_default(),
+        Err(_) => String::new(),
     }
 }
 
@@ -587,9 +650,36 @@ mod tests {
         assert_eq!(c.node_id, 3);
         assert_eq!(c.limits.max_payload_bytes, 1000);
         assert_eq!(c.grpc_listen, "0.0.0.0:9000");
-        assert_eq!(c.initial_members().unwrap()[1], (3, "c:3".to_string(), "c:4".to_string()));
+        let members = c.initial_members().unwrap();
+        assert_eq!((members[1].id, members[1].grpc.as_str(), members[1].http.as_str()), (3, "c:3", "c:4"));
         // With no advertise address, the node's own entry is what it advertises.
         assert_eq!((c.grpc_advertise(), c.http_advertise()), ("c:3".to_string(), "c:4".to_string()));
+        // No peer address given: the gRPC port + 2.
+        assert_eq!((members[0].peer.as_str(), c.peer_advertise()), ("a:3", "c:5".to_string()));
+    }
+
+    #[test]
+    fn peer_addresses_are_given_or_next_to_the_grpc_port() {
+        assert_eq!(peer_next_to("10.0.0.1:7070"), "10.0.0.1:7072");
+        assert_eq!(peer_next_to("[::1]:9000"), "[::1]:9002");
+        assert_eq!(peer_next_to("127.0.0.1:0"), "127.0.0.1:0");
+        assert_eq!(peer_next_to("65535"), "");
+        assert_eq!(peer_next_to("h:65535"), "");
+        let config = |cluster: &[&str]| NodeConfig {
+            node_id: 2,
+            initial_cluster: cluster.iter().map(|s| s.to_string()).collect(),
+            ..NodeConfig::default()
+        };
+        let c = config(&["1=a:1/a:2/a:9", "2=b:1/b:2/b:9"]);
+        let members = c.initial_members().unwrap();
+        assert_eq!(members[0], Member { id: 1, grpc: "a:1".into(), http: "a:2".into(), peer: "a:9".into() });
+        assert_eq!(c.peer_advertise(), "b:9");
+        assert!(config(&["1=a:1/a:2/a:9/x:1", "2=b:1"]).initial_members().is_err());
+        assert!(config(&["1=a/a:2", "2=b:1"]).initial_members().is_err(), "no port, no peer default");
+        let same = NodeConfig { peer_listen: Some("127.0.0.1:7070".into()), ..NodeConfig::default() };
+        assert!(same.validate().is_err());
+        assert!(NodeConfig::default().validate().is_ok());
+        assert_eq!(NodeConfig::default().peer_listen(), "127.0.0.1:7072");
     }
 
     #[test]

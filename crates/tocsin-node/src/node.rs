@@ -55,8 +55,11 @@ const MOVES_AT_ONCE: usize = 1;
 /// A running node.
 pub struct Node {
     pub state: Arc<NodeState>,
+    /// The client gRPC API.
     pub grpc_addr: SocketAddr,
     pub http_addr: SocketAddr,
+    /// The peer API (other nodes only).
+    pub peer_addr: SocketAddr,
     shutdown: watch::Sender<bool>,
     servers: Vec<JoinHandle<()>>,
     supervisors: Vec<JoinHandle<()>>,
@@ -92,13 +95,14 @@ impl Node {
         state.persist_hosted(placement.bootstrapped).await?;
 
         let (shutdown, shutdown_rx) = watch::channel(false);
-        let Listeners { grpc, http, grpc_addr, http_addr, .. } = listeners;
+        let Listeners { grpc, http, peer, grpc_addr, http_addr, peer_addr, .. } = listeners;
         let servers = vec![
+            tokio::spawn(serve_client_grpc(state.clone(), grpc, shutdown_rx.clone())),
             // Raft's links are accepted and served on the Raft runtime; every
-            // other connection (gRPC) is served here, on the work runtime.
-            tokio::spawn(serve_grpc(
+            // other peer connection (gRPC) is served here, on the work runtime.
+            tokio::spawn(serve_peer_grpc(
                 state.clone(),
-                grpc,
+                peer,
                 store.path().join("spool"),
                 shutdown_rx.clone(),
                 raft_runtime.handle().clone(),
@@ -113,8 +117,8 @@ impl Node {
             tokio::spawn(crate::control::reconcile::run(state.clone())),
             tokio::spawn(crate::control::balance::watch_health(state.clone())),
         ];
-        tracing::info!(node_id = config.node_id, %grpc_addr, %http_addr, shards = config.num_shards, hosted = placement.hosted.len(), metadata = placement.host_meta, data = %config.data_dir.display(), "node started");
-        Ok(Node { state, grpc_addr, http_addr, shutdown, servers, supervisors, raft_runtime, fire_runtime })
+        tracing::info!(node_id = config.node_id, %grpc_addr, %http_addr, %peer_addr, shards = config.num_shards, hosted = placement.hosted.len(), metadata = placement.host_meta, data = %config.data_dir.display(), "node started");
+        Ok(Node { state, grpc_addr, http_addr, peer_addr, shutdown, servers, supervisors, raft_runtime, fire_runtime })
     }
 
     /// Takes what a running node can change without a restart from a
@@ -180,8 +184,10 @@ struct Listeners {
     config: Arc<NodeConfig>,
     grpc: TcpListener,
     http: TcpListener,
+    peer: TcpListener,
     grpc_addr: SocketAddr,
     http_addr: SocketAddr,
+    peer_addr: SocketAddr,
 }
 
 impl Listeners {
@@ -197,6 +203,7 @@ impl Listeners {
         };
         let (grpc, grpc_addr) = bind(&config.grpc_listen).await?;
         let (http, http_addr) = bind(&config.http_listen).await?;
+        let (peer, peer_addr) = bind(&config.peer_listen()).await?;
         // Without an explicit advertise address a node advertises its own
         // `initial_cluster` entry, or else the address it actually bound
         // (which resolves a `:0` listen port).
@@ -208,15 +215,19 @@ impl Listeners {
             let own = config.http_advertise();
             config.http_advertise = Some(if own == config.http_listen { http_addr.to_string() } else { own });
         }
-        Ok(Listeners { config: Arc::new(config), grpc, http, grpc_addr, http_addr })
+        if config.peer_advertise.is_none() {
+            let own = config.peer_advertise();
+            config.peer_advertise = Some(if own == config.peer_listen() { peer_addr.to_string() } else { own });
+        }
+        Ok(Listeners { config: Arc::new(config), grpc, http, peer, grpc_addr, http_addr, peer_addr })
     }
 }
 
 /// Which groups this node hosts, and whether the cluster still needs its
 /// first memberships written.
 struct Placement {
-    /// Initial members: `(id, grpc, http)`.
-    members: Vec<(u64, String, String)>,
+    /// Initial members.
+    members: Vec<crate::config::Member>,
     ring: tocsin_core::routing::Ring,
     replication: usize,
     meta_voters: Vec<u64>,
@@ -233,7 +244,7 @@ impl Placement {
     /// changed since.
     fn of(config: &NodeConfig, store: &Store) -> Result<Placement, StartError> {
         let members = config.initial_members()?;
-        let ring = tocsin_core::routing::Ring::new(members.iter().map(|m| m.0));
+        let ring = tocsin_core::routing::Ring::new(members.iter().map(|m| m.id));
         let replication = config.replication_factor.min(members.len());
         let store_err = |source| StartError::Store { path: config.data_dir.display().to_string(), source };
         let recorded = store.hosted_groups().map_err(store_err)?;
@@ -264,14 +275,14 @@ impl Placement {
         let voters_of = |ids: &[u64]| -> BTreeMap<u64, NodeAddr> {
             self.members
                 .iter()
-                .filter(|m| ids.contains(&m.0))
-                .map(|(id, grpc, http)| {
-                    let addr = if *id == node_id {
+                .filter(|m| ids.contains(&m.id))
+                .map(|m| {
+                    let addr = if m.id == node_id {
                         state.self_addr.clone()
                     } else {
-                        NodeAddr { grpc_addr: grpc.clone(), http_addr: http.clone() }
+                        NodeAddr { grpc_addr: m.grpc.clone(), http_addr: m.http.clone(), peer_addr: m.peer.clone() }
                     };
-                    (*id, addr)
+                    (m.id, addr)
                 })
                 .collect()
         };
@@ -327,15 +338,19 @@ fn shared_state(
         clock.clone(),
         raft_runtime.handle().clone(),
     );
-    for (id, grpc, _) in &placement.members {
-        if *id != node_id {
-            router.set_addr(*id, grpc);
+    for m in &placement.members {
+        if m.id != node_id {
+            router.set_addr(m.id, &m.peer);
         }
     }
     Ok(Arc::new(NodeState {
         config: config.clone(),
         node_id,
-        self_addr: NodeAddr { grpc_addr: config.grpc_advertise(), http_addr: config.http_advertise() },
+        self_addr: NodeAddr {
+            grpc_addr: config.grpc_advertise(),
+            http_addr: config.http_advertise(),
+            peer_addr: config.peer_advertise(),
+        },
         clock,
         store,
         shards: ShardTable::default(),
@@ -360,7 +375,36 @@ fn shared_state(
 /// See `serve_grpc`.
 const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 1_000;
 
-async fn serve_grpc(
+/// The client port: TimerService and AdminService. The peer services are
+/// answered PERMISSION_DENIED here (`api::peer::refused_on_client_port`),
+/// and a Raft link's preface is not recognised: it is served on the peer
+/// port only.
+async fn serve_client_grpc(state: Arc<NodeState>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+    let max = state.config.admission.max_request_bytes;
+    let timers = pb::timer_service_server::TimerServiceServer::new(TimerApi::new(state.clone()))
+        .max_decoding_message_size(max)
+        .max_encoding_message_size(64 << 20);
+    let admin = pb::admin_service_server::AdminServiceServer::new(AdminApi::new(state.clone()));
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let result = tonic::transport::Server::builder()
+        .tcp_nodelay(true)
+        .add_service(timers)
+        .add_service(admin)
+        .add_service(crate::api::peer::RefuseTransport)
+        .add_service(crate::api::peer::RefuseReplicas)
+        .serve_with_incoming_shutdown(incoming, async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        })
+        .await;
+    if let Err(e) = result {
+        tracing::error!(error = %e, "client grpc server stopped");
+    }
+}
+
+/// The peer port: Raft links and transport, replica control, requests
+/// forwarded from other nodes (TimerService) and the shard maps nodes read
+/// from each other (AdminService's reads; its operations are refused here).
+async fn serve_peer_grpc(
     state: Arc<NodeState>,
     listener: TcpListener,
     spool: std::path::PathBuf,
@@ -371,7 +415,7 @@ async fn serve_grpc(
     let timers = pb::timer_service_server::TimerServiceServer::new(TimerApi::new(state.clone()))
         .max_decoding_message_size(max)
         .max_encoding_message_size(64 << 20);
-    let admin = pb::admin_service_server::AdminServiceServer::new(AdminApi::new(state.clone()));
+    let admin = pb::admin_service_server::AdminServiceServer::new(AdminApi::peer_reads_only(state.clone()));
     let replicas =
         pb::replica_control_server::ReplicaControlServer::new(crate::api::peer::ReplicaService::new(state.clone()));
     let transport = Arc::new(TransportService::new(
@@ -406,7 +450,7 @@ async fn serve_grpc(
         })
         .await;
     if let Err(e) = result {
-        tracing::error!(error = %e, "grpc server stopped");
+        tracing::error!(error = %e, "peer grpc server stopped");
     }
 }
 

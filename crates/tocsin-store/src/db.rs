@@ -38,8 +38,10 @@ use crate::keys;
 
 /// The on-disk format this build reads and writes. 2: the fire-time index
 /// carries what is due (`keys::due_value`), in-flight attempts are indexed
-/// at their deadline, and the shard meta carries the shard's clock.
-pub const STORE_FORMAT: u32 = 2;
+/// at their deadline, and the shard meta carries the shard's clock. 3: a
+/// node's address in memberships and the cluster map carries its peer
+/// port apart from its client port.
+pub const STORE_FORMAT: u32 = 3;
 
 /// Most write requests queued for the writer before senders wait.
 const WRITE_QUEUE_DEPTH: usize = 1024;

@@ -45,15 +45,19 @@ use tocsin_core::command::ApplyResponse;
 /// How a node is reached: stored in Raft membership configs.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct NodeAddr {
-    /// Raft transport and gRPC API, `host:port`.
+    /// The client gRPC API (TimerService, AdminService), `host:port`: what
+    /// leader hints give clients.
     pub grpc_addr: String,
     /// HTTP/JSON API, `host:port`.
     pub http_addr: String,
+    /// The peer API (Raft links and transport, replica control, forwarded
+    /// requests), `host:port`: what other nodes dial, never clients.
+    pub peer_addr: String,
 }
 
 impl std::fmt::Display for NodeAddr {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "grpc={} http={}", self.grpc_addr, self.http_addr)
+        write!(f, "grpc={} http={} peer={}", self.grpc_addr, self.http_addr, self.peer_addr)
     }
 }
 

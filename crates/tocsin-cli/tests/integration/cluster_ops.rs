@@ -115,25 +115,29 @@ fn bytes_streamed(out: &str) -> u64 {
 async fn add_drain_remove_and_decommission_under_load() {
     let dir = tempfile::tempdir().unwrap();
     let receiver = Receiver::start().await;
-    let ports = free_ports(8);
-    let addrs: Vec<(String, String)> =
-        ports.chunks(2).map(|p| (format!("127.0.0.1:{}", p[0]), format!("127.0.0.1:{}", p[1]))).collect();
-    let initial = (0..3).map(|i| format!("{}={}/{}", i + 1, addrs[i].0, addrs[i].1)).collect::<Vec<_>>().join(",");
+    let ports = free_ports(12);
+    let addrs: Vec<[String; 3]> = ports.chunks(3).map(|p| [0, 1, 2].map(|k| format!("127.0.0.1:{}", p[k]))).collect();
+    let initial = (0..3).map(|i| format!("{}={}", i + 1, addrs[i].join("/"))).collect::<Vec<_>>().join(",");
 
     // Phase: three nodes, eight shards, three replicas each. Snapshots every
     // 20 entries, keeping 5: a replica added later catches up by snapshot.
     let mut nodes: HashMap<u64, NodeProcess> = HashMap::new();
     for id in 1..=3u64 {
-        let (grpc, http) = &addrs[id as usize - 1];
-        let node =
-            NodeProcess::start_member(dir.path(), id, grpc, http, &["--initial-cluster", &initial], SMALL_SNAPSHOTS);
+        let [grpc, http, peer] = &addrs[id as usize - 1];
+        let node = NodeProcess::start_member(
+            dir.path(),
+            id,
+            [grpc, http, peer],
+            &["--initial-cluster", &initial],
+            SMALL_SNAPSHOTS,
+        );
         nodes.insert(id, node);
     }
     for node in nodes.values_mut() {
         node.wait_ready();
     }
     let options = ClientOptions { request_timeout: Duration::from_secs(3), max_attempts: 30, ..Default::default() };
-    let seeds: Vec<String> = addrs.iter().map(|a| a.0.clone()).collect();
+    let seeds: Vec<String> = addrs.iter().map(|a| a[0].clone()).collect();
     let client = Client::with_options(seeds.clone(), options).await.unwrap();
     let before = placements(&client).await;
     assert!(before.iter().all(|v| *v == BTreeSet::from([1, 2, 3])), "{before:?}");
@@ -174,12 +178,11 @@ async fn add_drain_remove_and_decommission_under_load() {
 
     // Phase: node 4 starts empty and is added. Like a StatefulSet pod, it is
     // given the same --initial-cluster as the others, which does not list it.
-    let (grpc4, http4) = &addrs[3];
+    let [grpc4, http4, peer4] = &addrs[3];
     let mut n4 = NodeProcess::start_member(
         dir.path(),
         4,
-        grpc4,
-        http4,
+        [grpc4, http4, peer4],
         &["--join", "--initial-cluster", &initial],
         SMALL_SNAPSHOTS,
     );

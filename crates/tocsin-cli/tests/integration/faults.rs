@@ -176,7 +176,14 @@ async fn a_release_with_a_false_premise_deletes_nothing() {
     let node = NodeProcess::start(dir.path(), &[]);
     let client = Client::connect([node.grpc.clone()]).await.unwrap();
     let want = create(&client, "keep", 50, 60_000, 1_000, &receiver.url).await;
-    let mut control = ReplicaControlClient::connect(format!("http://{}", node.grpc)).await.unwrap();
+    // The client port refuses the peer API outright.
+    let mut on_client_port = ReplicaControlClient::connect(format!("http://{}", node.grpc)).await.unwrap();
+    let err = on_client_port
+        .release_shard(pb::ReleaseShardRequest { shard: 0, metadata: false, membership_index: 0 })
+        .await
+        .expect_err("the client port serves no peer RPC");
+    assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err:?}");
+    let mut control = ReplicaControlClient::connect(format!("http://{}", node.peer)).await.unwrap();
     for shard in 0..8 {
         let err = control
             .release_shard(pb::ReleaseShardRequest { shard, metadata: false, membership_index: u64::MAX >> 1 })

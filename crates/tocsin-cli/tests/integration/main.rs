@@ -6,6 +6,7 @@ mod clock;
 mod cluster_ops;
 mod egress;
 mod faults;
+mod peer_port;
 mod pull;
 mod routing;
 mod signing;

@@ -30,6 +30,8 @@ pub struct NodeProcess {
     pub data: PathBuf,
     pub grpc: String,
     pub http: String,
+    /// The peer port (Raft, replica control, forwarding).
+    pub peer: String,
     args: Vec<String>,
     env: Vec<(String, String)>,
     child: Option<Child>,
@@ -44,12 +46,13 @@ impl NodeProcess {
 
     /// [`start`](Self::start) with extra `tocsin serve` arguments.
     pub fn start_with_args(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> NodeProcess {
-        let ports = free_ports(2);
+        let ports = free_ports(3);
         let mut node = NodeProcess {
             node_id: 1,
             data: dir.join("data"),
             grpc: format!("127.0.0.1:{}", ports[0]),
             http: format!("127.0.0.1:{}", ports[1]),
+            peer: format!("127.0.0.1:{}", ports[2]),
             args: args.iter().map(|a| a.to_string()).collect(),
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             child: None,
@@ -63,9 +66,10 @@ impl NodeProcess {
     /// Starts a three-node cluster on free loopback ports, node `i + 1`
     /// with `env(i)` as extra settings, and waits until every node is ready.
     pub fn start_three(dir: &std::path::Path, env: impl Fn(usize) -> Vec<(String, String)>) -> Vec<NodeProcess> {
-        let ports = free_ports(6);
+        let ports = free_ports(9);
         let addr = |i: usize| format!("127.0.0.1:{}", ports[i]);
-        let cluster: Vec<String> = (0..3).map(|i| format!("{}={}/{}", i + 1, addr(2 * i), addr(2 * i + 1))).collect();
+        let cluster: Vec<String> =
+            (0..3).map(|i| format!("{}={}/{}/{}", i + 1, addr(3 * i), addr(3 * i + 1), addr(3 * i + 2))).collect();
         let cluster = cluster.join(",");
         let mut nodes: Vec<NodeProcess> = (0..3)
             .map(|i| {
@@ -74,8 +78,7 @@ impl NodeProcess {
                 NodeProcess::start_member(
                     dir,
                     i as u64 + 1,
-                    &addr(2 * i),
-                    &addr(2 * i + 1),
+                    [&addr(3 * i), &addr(3 * i + 1), &addr(3 * i + 2)],
                     &["--initial-cluster", &cluster],
                     &env,
                 )
@@ -87,14 +90,13 @@ impl NodeProcess {
         nodes
     }
 
-    /// Starts node `node_id` of a cluster on `grpc`/`http` with extra
-    /// `serve` arguments, without waiting for it to be ready (its peers may
-    /// not be up yet).
+    /// Starts node `node_id` of a cluster on `[grpc, http, peer]` with
+    /// extra `serve` arguments, without waiting for it to be ready (its
+    /// peers may not be up yet).
     pub fn start_member(
         dir: &std::path::Path,
         node_id: u64,
-        grpc: &str,
-        http: &str,
+        [grpc, http, peer]: [&str; 3],
         args: &[&str],
         env: &[(&str, &str)],
     ) -> NodeProcess {
@@ -103,6 +105,7 @@ impl NodeProcess {
             data: dir.join(format!("data-{node_id}")),
             grpc: grpc.to_string(),
             http: http.to_string(),
+            peer: peer.to_string(),
             args: args.iter().map(|a| a.to_string()).collect(),
             env: [("TOCSIN_REPLICATION_FACTOR", "3")]
                 .iter()
@@ -120,7 +123,7 @@ impl NodeProcess {
         let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tocsin"));
         let id = self.node_id.to_string();
-        cmd.args(["serve", "--node-id", &id, "--grpc", &self.grpc, "--http", &self.http])
+        cmd.args(["serve", "--node-id", &id, "--grpc", &self.grpc, "--http", &self.http, "--peer", &self.peer])
             .args(&self.args)
             .arg("--data")
             .arg(&self.data)

@@ -46,10 +46,10 @@ fn check_new_node(node: &NewNode) -> Result<(), MapError> {
     if node.id == 0 {
         return Err(MapError::Invalid("node ids start at 1".into()));
     }
-    if node.grpc_addr.is_empty() {
-        return Err(MapError::Invalid(format!("node {} needs a grpc address", node.id)));
+    if node.grpc_addr.is_empty() || node.peer_addr.is_empty() {
+        return Err(MapError::Invalid(format!("node {} needs a grpc and a peer address", node.id)));
     }
-    if node.grpc_addr.len() > MAX_ADDR_BYTES || node.http_addr.len() > MAX_ADDR_BYTES {
+    if [&node.grpc_addr, &node.http_addr, &node.peer_addr].iter().any(|a| a.len() > MAX_ADDR_BYTES) {
         return Err(MapError::Invalid(format!("node {}'s address is longer than {MAX_ADDR_BYTES} bytes", node.id)));
     }
     Ok(())
@@ -70,6 +70,7 @@ fn bootstrap(
         let entry = MapNode {
             grpc_addr: n.grpc_addr.clone(),
             http_addr: n.http_addr.clone(),
+            peer_addr: n.peer_addr.clone(),
             status: NodeStatus::Active,
             since_epoch: 1,
         };
@@ -112,6 +113,7 @@ fn change_map(map: &ClusterMap, change: &MapChange, now_ms: u64) -> Result<Optio
                 let entry = MapNode {
                     grpc_addr: n.grpc_addr.clone(),
                     http_addr: n.http_addr.clone(),
+                    peer_addr: n.peer_addr.clone(),
                     status: NodeStatus::Joining,
                     since_epoch: epoch,
                 };

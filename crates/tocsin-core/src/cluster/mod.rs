@@ -87,8 +87,11 @@ impl NodeStatus {
 /// One node as the map records it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct MapNode {
+    /// The client gRPC API.
     pub grpc_addr: String,
     pub http_addr: String,
+    /// The peer API other nodes dial (Raft, replica control, forwarding).
+    pub peer_addr: String,
     pub status: NodeStatus,
     /// The map epoch at which `status` was set.
     pub since_epoch: u64,
@@ -128,6 +131,7 @@ pub struct NewNode {
     pub id: NodeId,
     pub grpc_addr: String,
     pub http_addr: String,
+    pub peer_addr: String,
 }
 
 /// One atomic change to the map.
@@ -272,7 +276,12 @@ mod tests {
     use super::*;
 
     fn node(id: NodeId) -> NewNode {
-        NewNode { id, grpc_addr: format!("n{id}:7070"), http_addr: format!("n{id}:7071") }
+        NewNode {
+            id,
+            grpc_addr: format!("n{id}:7070"),
+            http_addr: format!("n{id}:7071"),
+            peer_addr: format!("n{id}:7072"),
+        }
     }
 
     fn booted(nodes: &[NodeId], shards: u32) -> ClusterMap {

@@ -59,7 +59,12 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 fn new_node(id: u64) -> NewNode {
-    NewNode { id, grpc_addr: format!("10.0.0.{id}:7070"), http_addr: format!("10.0.0.{id}:7071") }
+    NewNode {
+        id,
+        grpc_addr: format!("10.0.0.{id}:7070"),
+        http_addr: format!("10.0.0.{id}:7071"),
+        peer_addr: format!("10.0.0.{id}:7072"),
+    }
 }
 
 fn status_of(code: u8) -> NodeStatus {

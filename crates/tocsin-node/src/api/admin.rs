@@ -18,11 +18,36 @@ use crate::error::NodeError;
 #[derive(Clone)]
 pub struct AdminApi {
     node: Arc<NodeState>,
+    /// Whether cluster operations are served (the client port), or only
+    /// the reads nodes make of each other (the peer port).
+    operations: bool,
 }
 
 impl AdminApi {
     pub fn new(node: Arc<NodeState>) -> AdminApi {
-        AdminApi { node }
+        AdminApi { node, operations: true }
+    }
+
+    /// The peer port's AdminService: `GetCluster` and `GetShardMap` only.
+    pub fn peer_reads_only(node: Arc<NodeState>) -> AdminApi {
+        AdminApi { node, operations: false }
+    }
+
+    /// A caller that names a newer map epoch (`x-tocsin-map-epoch`) makes
+    /// this node refresh its map soon; the answer in hand is still the
+    /// cached one.
+    fn saw_epoch<T>(&self, request: &Request<T>) {
+        let epoch = request.metadata().get(tocsin_contract::headers::MAP_EPOCH);
+        if let Some(epoch) = epoch.and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok()) {
+            self.node.map.saw_epoch(epoch);
+        }
+    }
+
+    fn operable(&self) -> Result<(), Status> {
+        if self.operations {
+            return Ok(());
+        }
+        Err(Status::permission_denied("cluster operations are served on the client port, not the peer port"))
     }
 
     pub async fn cluster_info_with_digests(&self) -> pb::ClusterInfo {
@@ -57,18 +82,21 @@ impl AdminApi {
 #[tonic::async_trait]
 impl pb::admin_service_server::AdminService for AdminApi {
     async fn get_cluster(&self, request: Request<pb::GetClusterRequest>) -> Result<Response<pb::ClusterInfo>, Status> {
+        self.saw_epoch(&request);
         if request.into_inner().digests {
             return Ok(Response::new(self.cluster_info_with_digests().await));
         }
         Ok(Response::new(self.cluster_info().await))
     }
 
-    async fn get_shard_map(&self, _: Request<pb::GetShardMapRequest>) -> Result<Response<pb::ShardMap>, Status> {
+    async fn get_shard_map(&self, request: Request<pb::GetShardMapRequest>) -> Result<Response<pb::ShardMap>, Status> {
+        self.saw_epoch(&request);
         Ok(Response::new(self.shard_map().await))
     }
 
     type AddNodeStream = ProgressStream;
     async fn add_node(&self, request: Request<pb::AddNodeRequest>) -> Result<Response<Self::AddNodeStream>, Status> {
+        self.operable()?;
         let req = request.into_inner();
         if req.grpc_addr.is_empty() {
             return Err(NodeError::invalid("grpc_addr", "give the new node's gRPC address, host:port").into());
@@ -81,6 +109,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         &self,
         request: Request<pb::RemoveNodeRequest>,
     ) -> Result<Response<Self::RemoveNodeStream>, Status> {
+        self.operable()?;
         let id = request.into_inner().node_id;
         Ok(self.spawn_op(move |node, rep| ops::remove_node(node, id, false, rep)))
     }
@@ -90,6 +119,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         &self,
         request: Request<pb::DecommissionNodeRequest>,
     ) -> Result<Response<Self::DecommissionNodeStream>, Status> {
+        self.operable()?;
         let id = request.into_inner().node_id;
         Ok(self.spawn_op(move |node, rep| ops::remove_node(node, id, true, rep)))
     }
@@ -99,6 +129,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         &self,
         request: Request<pb::MoveShardRequest>,
     ) -> Result<Response<Self::MoveShardStream>, Status> {
+        self.operable()?;
         let req = request.into_inner();
         Ok(self.spawn_op(move |node, rep| ops::move_shard(node, req.shard, req.from_node, req.to_node, rep)))
     }
@@ -109,6 +140,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         &self,
         request: Request<pb::TransferLeaderRequest>,
     ) -> Result<Response<pb::TransferLeaderResponse>, Status> {
+        self.operable()?;
         let req = request.into_inner();
         let ctx = self.node.shard(req.shard)?;
         let metrics = ctx.raft.metrics().borrow_watched().clone();
@@ -144,6 +176,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         &self,
         request: Request<pb::RebalanceRequest>,
     ) -> Result<Response<Self::RebalanceStream>, Status> {
+        self.operable()?;
         let dry_run = request.into_inner().dry_run;
         Ok(self.spawn_op(move |node, rep| ops::rebalance(node, dry_run, rep)))
     }

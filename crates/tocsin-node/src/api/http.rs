@@ -317,6 +317,7 @@ async fn cluster(State(s): State<HttpState>) -> Response {
                 "node_id": n.node_id,
                 "grpc_addr": n.grpc_addr,
                 "http_addr": n.http_addr,
+                "peer_addr": n.peer_addr,
                 "state": pb::node_info::State::try_from(n.state).map(|s| s.as_str_name()).unwrap_or("STATE_UNSPECIFIED"),
             })
         })

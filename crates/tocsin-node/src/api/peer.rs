@@ -1,7 +1,9 @@
 //! The peer API: the `ReplicaControl` service other nodes call to host or
 //! release a replica here, and to propose or read the cluster map at this
 //! node's metadata replica. (The Raft transport itself is the shard layer's
-//! `raft.rs`.)
+//! `raft.rs`.) It is served on the peer port only; on the client port the
+//! peer services answer PERMISSION_DENIED ([`RefuseTransport`],
+//! [`RefuseReplicas`]).
 
 use std::sync::Arc;
 
@@ -80,3 +82,38 @@ impl pb::replica_control_server::ReplicaControl for ReplicaService {
         Ok(tonic::Response::new(crate::control::meta::serve_read(&self.node, linearizable).await?))
     }
 }
+
+/// Declares a service that answers every call to the gRPC service `$name`
+/// with PERMISSION_DENIED: the client port's stand-in for a peer service,
+/// so a caller learns why rather than getting UNIMPLEMENTED.
+macro_rules! refused_on_client_port {
+    ($ty:ident, $name:expr) => {
+        #[derive(Clone, Copy, Debug)]
+        pub struct $ty;
+
+        impl tonic::server::NamedService for $ty {
+            const NAME: &'static str = $name;
+        }
+
+        impl<B> tonic::codegen::Service<tonic::codegen::http::Request<B>> for $ty {
+            type Response = tonic::codegen::http::Response<tonic::body::Body>;
+            type Error = std::convert::Infallible;
+            type Future = std::future::Ready<Result<Self::Response, Self::Error>>;
+
+            fn poll_ready(&mut self, _: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Self::Error>> {
+                std::task::Poll::Ready(Ok(()))
+            }
+
+            fn call(&mut self, _: tonic::codegen::http::Request<B>) -> Self::Future {
+                let status = tonic::Status::permission_denied(concat!(
+                    $name,
+                    " is a peer service: it is served on the peer port, to other nodes only"
+                ));
+                std::future::ready(Ok(status.into_http()))
+            }
+        }
+    };
+}
+
+refused_on_client_port!(RefuseTransport, "tocsin.v1.RaftTransport");
+refused_on_client_port!(RefuseReplicas, "tocsin.v1.ReplicaControl");

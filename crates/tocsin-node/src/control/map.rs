@@ -53,6 +53,7 @@ impl MetaCtx {
                     node_id: *id,
                     grpc_addr: a.grpc_addr.clone(),
                     http_addr: a.http_addr.clone(),
+                    peer_addr: a.peer_addr.clone(),
                     ..Default::default()
                 })
                 .collect(),
@@ -107,5 +108,14 @@ impl MapCache {
         if status.term >= route.term && !status.voters.is_empty() {
             *route = status.clone();
         }
+    }
+}
+
+/// A map node's addresses as Raft memberships record them.
+pub fn node_addr(n: &tocsin_core::cluster::MapNode) -> tocsin_store::NodeAddr {
+    tocsin_store::NodeAddr {
+        grpc_addr: n.grpc_addr.clone(),
+        http_addr: n.http_addr.clone(),
+        peer_addr: n.peer_addr.clone(),
     }
 }

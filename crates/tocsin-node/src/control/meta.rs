@@ -55,8 +55,9 @@ fn candidates(node: &NodeState) -> Vec<(u64, String)> {
             .nodes
             .iter()
             .find(|n| n.node_id == id)
-            .map(|n| n.grpc_addr.clone())
-            .or_else(|| node.map.get().nodes.get(&id).map(|n| n.grpc_addr.clone()))
+            .map(|n| n.peer_addr.clone())
+            .filter(|a| !a.is_empty())
+            .or_else(|| node.map.get().nodes.get(&id).map(|n| n.peer_addr.clone()))
     };
     let mut out: Vec<(u64, String)> = Vec::new();
     if status.leader != 0
@@ -79,10 +80,10 @@ fn candidates(node: &NodeState) -> Vec<(u64, String)> {
             map.nodes
                 .iter()
                 .filter(|(id, n)| **id != node.node_id && n.status != NodeStatus::Removed)
-                .map(|(id, n)| (*id, n.grpc_addr.clone())),
+                .map(|(id, n)| (*id, n.peer_addr.clone())),
         );
         out.extend(node.router.known());
-        out.extend(node.peers().into_iter().map(|(id, a)| (id, a.grpc_addr)));
+        out.extend(node.peers().into_iter().map(|(id, a)| (id, a.peer_addr)));
         out.sort();
         out.dedup();
     }
@@ -174,7 +175,12 @@ where
                     Ok(Ok(v)) => return Ok(v),
                     Ok(Err(status)) if status.code() == tonic::Code::Unavailable => {
                         let info = tocsin_contract::codes::info_of(&status);
-                        hint = info.leader.map(|l| l.grpc_addr).filter(|a| !a.is_empty());
+                        // The hint names the leader's client address; nodes
+                        // talk to each other on the peer port.
+                        hint = info.leader.and_then(|l| {
+                            node.peer_addr_of(l.node_id)
+                                .or_else(|| node.map.get().nodes.get(&l.node_id).map(|n| n.peer_addr.clone()))
+                        });
                         last = format!("node {id}: {}", status.message());
                         if hint.is_some() {
                             break;
@@ -297,8 +303,8 @@ pub async fn refresh(node: &NodeState) {
 
 /// The metadata voters the first start of a new cluster gives the group:
 /// the lowest ids among the initial members.
-pub fn initial_voters(members: &[(u64, String, String)]) -> Vec<u64> {
-    let mut ids: Vec<u64> = members.iter().map(|m| m.0).collect();
+pub fn initial_voters(members: &[crate::config::Member]) -> Vec<u64> {
+    let mut ids: Vec<u64> = members.iter().map(|m| m.id).collect();
     ids.sort_unstable();
     ids.truncate(tocsin_core::cluster::metadata_voter_count(ids.len()));
     ids
@@ -327,7 +333,7 @@ pub async fn drive(node: &Arc<NodeState>, view: &ClusterView) {
             .iter()
             .filter_map(|id| {
                 let n = map.nodes.get(id)?;
-                Some((*id, NodeAddr { grpc_addr: n.grpc_addr.clone(), http_addr: n.http_addr.clone() }))
+                Some((*id, crate::control::map::node_addr(n)))
             })
             .collect();
         let (node, ctx, from) = (node.clone(), ctx.clone(), current.clone());
@@ -382,11 +388,17 @@ async fn bootstrap(node: &NodeState) {
     };
     let nodes = members
         .into_iter()
-        .map(|(id, grpc_addr, http_addr)| {
-            if id == node.node_id {
-                NewNode { id, grpc_addr: node.self_addr.grpc_addr.clone(), http_addr: node.self_addr.http_addr.clone() }
+        .map(|m| {
+            if m.id == node.node_id {
+                let me = &node.self_addr;
+                NewNode {
+                    id: m.id,
+                    grpc_addr: me.grpc_addr.clone(),
+                    http_addr: me.http_addr.clone(),
+                    peer_addr: me.peer_addr.clone(),
+                }
             } else {
-                NewNode { id, grpc_addr, http_addr }
+                NewNode { id: m.id, grpc_addr: m.grpc, http_addr: m.http, peer_addr: m.peer }
             }
         })
         .collect();

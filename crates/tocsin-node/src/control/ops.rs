@@ -317,8 +317,16 @@ async fn add_node_steps(
     } else {
         http_addr
     };
+    // Its peer address is its own word: the operator names only the client
+    // port, the one an operator can reach.
+    let peer_addr = info.nodes.iter().find(|n| n.node_id == new).map(|n| n.peer_addr.clone()).unwrap_or_default();
+    if peer_addr.is_empty() {
+        return Err(NodeError::FailedPrecondition(format!(
+            "node {new} at {grpc_addr} did not say where its peer port is (a build from before the peer port?)"
+        )));
+    }
     let hosts: Vec<u32> = info.shards.iter().map(|s| s.shard).collect();
-    let newcomer = NewNode { id: new, grpc_addr: grpc_addr.clone(), http_addr };
+    let newcomer = NewNode { id: new, grpc_addr: grpc_addr.clone(), http_addr, peer_addr };
     let mut planned = 0usize;
     let map = commit(node, rep, &format!("adding node {new}"), |map, view| {
         match map.status(new) {
@@ -339,7 +347,10 @@ async fn add_node_steps(
         }
         let plan = tocsin_core::cluster::plan_add(map, new);
         check_quorum(view, map, &plan)?;
-        let known = map.nodes.get(&new).is_some_and(|n| n.grpc_addr == newcomer.grpc_addr);
+        let known = map
+            .nodes
+            .get(&new)
+            .is_some_and(|n| n.grpc_addr == newcomer.grpc_addr && n.peer_addr == newcomer.peer_addr);
         if known && plan.is_empty() {
             return Ok(None);
         }
@@ -542,11 +553,11 @@ async fn wait_for_leaders(node: &Arc<NodeState>, id: u64, timeout: Duration) -> 
 }
 
 /// Releases whatever replicas `gone` still hosts although it is a voter of
-/// none: what a removal interrupted between a membership change and the
-/// release leaves behind.
+/// none (what a removal interrupted between a membership change and the
+/// release leaves behind), then makes sure it knows the map removing it.
 async fn sweep(node: &Arc<NodeState>, gone: u64) {
     let map = node.map.get();
-    let Some(addr) = map.nodes.get(&gone).map(|n| n.grpc_addr.clone()) else { return };
+    let Some(addr) = map.nodes.get(&gone).map(|n| n.peer_addr.clone()) else { return };
     let Ok(info) = fetch_info(node, &addr).await else { return };
     let Ok(mut client) = crate::control::replicas::control_client(&addr, Duration::from_secs(10)).await else { return };
     for s in info.shards {
@@ -567,16 +578,42 @@ async fn sweep(node: &Arc<NodeState>, gone: u64) {
             tracing::warn!(node = gone, error = %e.message(), "sweeping a left-over metadata replica");
         }
     }
+    // The removed node hosts no metadata replica any more, so it learns of
+    // its removal on its next map refresh; until then it would answer
+    // clients with the map before it. Tell it the epoch and wait until it
+    // has it, so that once `node remove` says done, every node says so.
+    let deadline = tokio::time::Instant::now() + TELL_REMOVED_NODE;
+    while tokio::time::Instant::now() < deadline {
+        match fetch_info_at(node, &addr, map.epoch).await {
+            Ok(info) if info.map_epoch >= map.epoch => return,
+            Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+            Err(_) => return, // gone already: nothing serves its stale map
+        }
+    }
+    tracing::warn!(node = gone, epoch = map.epoch, "the removed node did not learn its removal in time");
 }
 
+/// How long `node remove` waits for the removed node to learn the map that
+/// removed it.
+const TELL_REMOVED_NODE: Duration = Duration::from_secs(5);
+
 async fn fetch_info(node: &NodeState, grpc_addr: &str) -> Result<pb::ClusterInfo, NodeError> {
+    fetch_info_at(node, grpc_addr, 0).await
+}
+
+/// [`fetch_info`], telling the node the map epoch `epoch` exists (0: none).
+async fn fetch_info_at(node: &NodeState, grpc_addr: &str, epoch: u64) -> Result<pb::ClusterInfo, NodeError> {
     use tocsin_proto::v1::admin_service_client::AdminServiceClient;
     let unreachable = |e: String| NodeError::unavailable(format!("cannot reach the node at {grpc_addr}: {e}"), 1000);
     tonic::transport::Endpoint::from_shared(format!("http://{grpc_addr}"))
         .map_err(|e| NodeError::invalid("grpc_addr", format!("{grpc_addr:?} is not host:port: {e}")))?;
     let channel = node.forwarder.channel(grpc_addr).ok_or_else(|| unreachable("bad address".into()))?;
     let mut admin = AdminServiceClient::new(channel);
-    let call = admin.get_cluster(pb::GetClusterRequest { digests: false });
+    let mut request = tonic::Request::new(pb::GetClusterRequest { digests: false });
+    if epoch > 0 {
+        request.metadata_mut().insert(tocsin_contract::headers::MAP_EPOCH, epoch.into());
+    }
+    let call = admin.get_cluster(request);
     let info = tokio::time::timeout(Duration::from_secs(5), call)
         .await
         .map_err(|_| unreachable("no answer within 5s".into()))?

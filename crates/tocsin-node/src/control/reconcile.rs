@@ -187,7 +187,7 @@ async fn move_to_map(node: &Arc<NodeState>, ctx: &Arc<ShardCtx>) -> Result<Chang
         .iter()
         .map(|id| {
             let n = map.nodes.get(id).ok_or_else(|| NodeError::Internal(format!("node {id} is not in the map")))?;
-            Ok((*id, NodeAddr { grpc_addr: n.grpc_addr.clone(), http_addr: n.http_addr.clone() }))
+            Ok((*id, crate::control::map::node_addr(n)))
         })
         .collect::<Result<_, NodeError>>()?;
     crate::control::replicas::set_voters(node, &Group::Shard(ctx.clone()), target).await

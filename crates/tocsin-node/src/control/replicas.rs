@@ -169,8 +169,8 @@ pub async fn set_voters(
     if target.is_empty() {
         return Err(NodeError::invalid("voters", "must name at least one node"));
     }
-    if let Some((id, _)) = target.iter().find(|(id, a)| **id == 0 || a.grpc_addr.is_empty()) {
-        return Err(NodeError::invalid("voters", format!("node {id} needs an id above 0 and a grpc address")));
+    if let Some((id, _)) = target.iter().find(|(id, a)| **id == 0 || a.grpc_addr.is_empty() || a.peer_addr.is_empty()) {
+        return Err(NodeError::invalid("voters", format!("node {id} needs an id above 0, a grpc and a peer address")));
     }
     let raft = group.raft();
     let name = group.name();
@@ -213,11 +213,11 @@ pub async fn set_voters(
     let bytes_before = node.router.snapshot_bytes(group.id());
     for (id, addr) in target.iter().filter(|(id, _)| !current.contains(id)) {
         if *id != node.node_id {
-            let mut client = control_client(&addr.grpc_addr, CONTROL_RPC_TIMEOUT).await?;
+            let mut client = control_client(&addr.peer_addr, CONTROL_RPC_TIMEOUT).await?;
             client.host_shard(group.host_request()).await.map_err(|s| {
                 NodeError::unavailable(format!("node {id} could not host a replica of {name}: {}", s.message()), 500)
             })?;
-            node.router.set_addr(*id, &addr.grpc_addr);
+            node.router.set_addr(*id, &addr.peer_addr);
         }
         tracing::info!(group = %name, node = id, "adding a learner and waiting for it to catch up");
         let deadline = tokio::time::Instant::now() + CATCH_UP_TIMEOUT;
@@ -288,7 +288,7 @@ pub async fn set_voters(
             continue;
         }
         wait_matched(raft, *id, membership_index, LEARN_TIMEOUT).await;
-        if let Err(e) = release_on(&addr.grpc_addr, group.release_request(membership_index)).await {
+        if let Err(e) = release_on(&addr.peer_addr, group.release_request(membership_index)).await {
             tracing::warn!(group = %name, node = id, error = %e, "could not release the left-out replica (node down?)");
         }
     }

@@ -32,6 +32,7 @@ fn nodes(node: &Arc<NodeState>) -> Vec<pb::NodeInfo> {
                     node_id: *id,
                     grpc_addr: n.grpc_addr.clone(),
                     http_addr: n.http_addr.clone(),
+                    peer_addr: n.peer_addr.clone(),
                     state: node_state(n.status) as i32,
                     reachable: false,
                     since_epoch: n.since_epoch,
@@ -44,6 +45,7 @@ fn nodes(node: &Arc<NodeState>) -> Vec<pb::NodeInfo> {
             node_id: id,
             grpc_addr: addr.grpc_addr,
             http_addr: addr.http_addr,
+            peer_addr: addr.peer_addr,
             ..Default::default()
         });
     }
@@ -52,6 +54,7 @@ fn nodes(node: &Arc<NodeState>) -> Vec<pb::NodeInfo> {
     me.node_id = node.node_id;
     me.grpc_addr = node.self_addr.grpc_addr.clone();
     me.http_addr = node.self_addr.http_addr.clone();
+    me.peer_addr = node.self_addr.peer_addr.clone();
     me.reachable = true;
     nodes.into_values().collect()
 }
@@ -200,7 +203,7 @@ pub async fn gather(node: &Arc<NodeState>, timeout: Duration) -> ClusterView {
     let map = node.map.get();
     for (id, addr) in node.router.known() {
         if map.status(id) != Some(tocsin_core::cluster::NodeStatus::Removed) {
-            view.nodes.entry(id).or_insert(NodeAddr { grpc_addr: addr, http_addr: String::new() });
+            view.nodes.entry(id).or_insert(NodeAddr { peer_addr: addr, ..NodeAddr::default() });
         }
     }
     let mut asked: BTreeSet<u64> = BTreeSet::from([node.node_id]);
@@ -208,8 +211,8 @@ pub async fn gather(node: &Arc<NodeState>, timeout: Duration) -> ClusterView {
         let targets: Vec<(u64, String)> = view
             .nodes
             .iter()
-            .filter(|(id, a)| !asked.contains(id) && !a.grpc_addr.is_empty())
-            .map(|(id, a)| (*id, a.grpc_addr.clone()))
+            .filter(|(id, a)| !asked.contains(id) && !a.peer_addr.is_empty())
+            .map(|(id, a)| (*id, a.peer_addr.clone()))
             .collect();
         if targets.is_empty() {
             break;

@@ -158,9 +158,19 @@ impl NodeState {
         peers
     }
 
-    /// The gRPC addresses of every other node.
-    pub fn peer_grpc_addrs(&self) -> Vec<String> {
-        self.peers().into_values().map(|a| a.grpc_addr).filter(|a| !a.is_empty()).collect()
+    /// The peer addresses of every other node.
+    pub fn peer_addrs(&self) -> Vec<String> {
+        self.peers().into_values().map(|a| a.peer_addr).filter(|a| !a.is_empty()).collect()
+    }
+
+    /// Where node `id`'s peer API listens: from the Raft router (every
+    /// node this one shares a group with, and the initial members), else
+    /// from the cluster view the other nodes report.
+    pub fn peer_addr_of(&self, id: u64) -> Option<String> {
+        self.router.addr(id).or_else(|| {
+            let view = self.remote_view.read().expect("view lock");
+            view.as_ref()?.nodes.get(&id).map(|a| a.peer_addr.clone()).filter(|a| !a.is_empty())
+        })
     }
 
     /// The hosted shard `shard`, or UNAVAILABLE.

@@ -81,7 +81,12 @@ impl ClusterView {
         self.merged.add(Some(from), map.clone());
         let Some(merged) = self.merged.map() else { return };
         for n in &merged.nodes {
-            self.nodes.insert(n.node_id, NodeAddr { grpc_addr: n.grpc_addr.clone(), http_addr: n.http_addr.clone() });
+            let addr = NodeAddr {
+                grpc_addr: n.grpc_addr.clone(),
+                http_addr: n.http_addr.clone(),
+                peer_addr: n.peer_addr.clone(),
+            };
+            self.nodes.insert(n.node_id, addr);
         }
         for (i, p) in merged.shards.iter().enumerate() {
             let Some(s) = self.shards.get_mut(p.shard as usize) else { continue };

@@ -195,8 +195,11 @@ impl Drop for Guard {
 /// advertises (it was restarted on another port, say), records the new one,
 /// so peers and clients find it.
 async fn refresh_own_address(ctx: Arc<ShardCtx>) {
-    let want =
-        tocsin_store::NodeAddr { grpc_addr: ctx.config.grpc_advertise(), http_addr: ctx.config.http_advertise() };
+    let want = tocsin_store::NodeAddr {
+        grpc_addr: ctx.config.grpc_advertise(),
+        http_addr: ctx.config.http_advertise(),
+        peer_addr: ctx.config.peer_advertise(),
+    };
     let current = ctx.raft.metrics().borrow_watched().membership_config.membership().get_node(&ctx.node_id).cloned();
     if current.as_ref() == Some(&want) {
         return;

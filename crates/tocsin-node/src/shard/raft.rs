@@ -263,6 +263,11 @@ impl Router {
         v
     }
 
+    /// Where `target`'s peer API listens, if this node knows.
+    pub fn addr(&self, target: u64) -> Option<String> {
+        self.inner.peers.read().expect("router lock").get(&target).map(|peer| peer.addr.clone())
+    }
+
     /// Snapshot bytes this node has sent for `group` since it started.
     pub fn snapshot_bytes(&self, group: GroupId) -> u64 {
         self.inner.snapshot_bytes.read().expect("router lock").get(&group).copied().unwrap_or(0)
@@ -556,7 +561,7 @@ impl openraft::RaftNetworkFactory<C> for NetworkFactory {
     type Network = GroupNetworkAdapter<C, GroupId, Router>;
 
     async fn new_client(&mut self, target: u64, node: &NodeAddr) -> Self::Network {
-        self.router.set_addr(target, &node.grpc_addr);
+        self.router.set_addr(target, &node.peer_addr);
         GroupNetworkAdapter::new(self.router.clone(), target, self.group)
     }
 }

@@ -27,15 +27,17 @@ impl Cluster {
     /// node's shards have leaders.
     pub async fn start(n: usize, num_shards: u32, tune: impl Fn(usize, &mut NodeConfig)) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
-        let ports = free_ports(2 * n);
+        let ports = free_ports(3 * n);
         let addr = |i: usize| format!("127.0.0.1:{}", ports[i]);
-        let initial: Vec<String> = (0..n).map(|i| format!("{}={}/{}", i + 1, addr(2 * i), addr(2 * i + 1))).collect();
+        let initial: Vec<String> =
+            (0..n).map(|i| format!("{}={}/{}/{}", i + 1, addr(3 * i), addr(3 * i + 1), addr(3 * i + 2))).collect();
         let starts = (0..n).map(|i| {
             let mut config = NodeConfig {
                 node_id: i as u64 + 1,
                 data_dir: dir.path().join(format!("node-{}", i + 1)),
-                grpc_listen: addr(2 * i),
-                http_listen: addr(2 * i + 1),
+                grpc_listen: addr(3 * i),
+                http_listen: addr(3 * i + 1),
+                peer_listen: Some(addr(3 * i + 2)),
                 num_shards,
                 initial_cluster: if n > 1 { initial.clone() } else { Vec::new() },
                 replication_factor: n,

@@ -26,7 +26,7 @@ fn cluster(index: u64, cmd: ClusterCommand) -> tocsin_store::Entry {
 }
 
 fn node(id: u64) -> NewNode {
-    NewNode { id, grpc_addr: format!("n{id}:7070"), http_addr: format!("n{id}:7071") }
+    NewNode { id, grpc_addr: format!("n{id}:7070"), http_addr: format!("n{id}:7071"), peer_addr: format!("n{id}:7072") }
 }
 
 fn outcome(responses: &[tocsin_core::command::ApplyResponse], i: usize) -> ClusterOutcome {

@@ -82,11 +82,13 @@ impl TimerApi {
 
 pub(crate) type ReserveStream = Pin<Box<dyn Stream<Item = Result<pb::ReserveResponse, Status>> + Send>>;
 
-/// The gRPC address and id of the leader an error points to, if any.
-pub(crate) fn leader_addr(e: &NodeError) -> Option<(String, u64)> {
+/// The peer address and id of the leader an error points to, if this node
+/// knows where that leader's peer API listens: forwarded requests go to the
+/// peer port, never to the client port named in the hint.
+pub(crate) fn leader_addr(node: &NodeState, e: &NodeError) -> Option<(String, u64)> {
     match e {
-        NodeError::Unavailable { leader: Some(l), .. } if !l.grpc_addr.is_empty() => {
-            Some((l.grpc_addr.clone(), l.node_id))
+        NodeError::Unavailable { leader: Some(l), .. } if l.node_id != 0 => {
+            Some((node.peer_addr_of(l.node_id)?, l.node_id))
         }
         _ => None,
     }
@@ -133,7 +135,7 @@ impl TimerApi {
     {
         match local.await {
             Ok(resp) => Ok(Response::new(resp)),
-            Err(e) => match (forwarded, leader_addr(&e)) {
+            Err(e) => match (forwarded, leader_addr(&self.node, &e)) {
                 (false, Some((addr, leader))) => {
                     let mut resp = self.forward(&addr, req, None, remote).await.map(Response::new)?;
                     forward::mark_leader(&mut resp, leader);

@@ -51,7 +51,7 @@ impl TimerApi {
                 }
             });
         }
-        for addr in self.node.peer_grpc_addrs() {
+        for addr in self.node.peer_addrs() {
             let tx = tx.clone();
             let req = req.clone();
             let forwarder = self.node.forwarder.clone();
@@ -113,7 +113,7 @@ impl TimerApi {
                 let ctx = self.node.shard(shard)?;
                 if ctx.epoch().is_none() {
                     // Another node leads the shard: its hub holds the reservations.
-                    let hint = ctx.leader_hint().map(|(_, addr)| addr.grpc_addr).filter(|_| !forwarded);
+                    let hint = ctx.leader_hint().map(|(_, addr)| addr.peer_addr).filter(|_| !forwarded);
                     let Some(addr) = hint else {
                         return Err(NodeError::Unavailable {
                             message: format!("shard {shard} has no leader here; retry"),

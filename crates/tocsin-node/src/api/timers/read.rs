@@ -106,7 +106,7 @@ impl TimerApi {
                     resume
                 }
                 Err(e) => {
-                    let Some((addr, _)) = leader_addr(&e).filter(|_| !forwarded) else { return Err(e) };
+                    let Some((addr, _)) = leader_addr(&self.node, &e).filter(|_| !forwarded) else { return Err(e) };
                     let sub = pb::ListTimersRequest {
                         page_size: want as u32,
                         page_token: encode_token(shard, after_id.as_deref().unwrap_or("")),
@@ -156,7 +156,7 @@ impl TimerApi {
         for shard in shards {
             let ctx = self.node.shard(shard)?;
             if let Err(e) = self.read_leader(&ctx).await {
-                let Some((addr, _)) = leader_addr(&e).filter(|_| !forwarded) else { return Err(e) };
+                let Some((addr, _)) = leader_addr(&self.node, &e).filter(|_| !forwarded) else { return Err(e) };
                 let req = pb::GetHorizonRequest { namespace: namespace.to_string() };
                 let h = self
                     .forward(&addr, req, Some(shard), |mut c, r| async move { c.get_horizon(r).await })

@@ -222,7 +222,7 @@ impl TimerApi {
             let mut by_leader: BTreeMap<(String, u64), Vec<usize>> = BTreeMap::new();
             for (i, r) in results.iter().enumerate() {
                 if let Err(e) = r
-                    && let Some(leader) = leader_addr(e)
+                    && let Some(leader) = leader_addr(&self.node, e)
                 {
                     by_leader.entry(leader).or_default().push(i);
                 }
