@@ -7,7 +7,7 @@
 # (a node's peer port, for Raft and forwarding, defaults to its gRPC port + 2)
 # Data and logs go to ./tocsin-cluster/n{1,2,3}; a restart reuses them.
 # Environment: SHARDS (default 12), DATA (default ./tocsin-cluster),
-# TOCSIN_DELIVERY__WEBHOOK_ALLOW (default 127.0.0.0/8,::1/128: receivers on
+# TOCSIN_AUTH__MODE (default open), TOCSIN_DELIVERY__WEBHOOK_ALLOW (default 127.0.0.0/8,::1/128: receivers on
 # this machine; `serve` alone refuses them, see docs/security.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -18,6 +18,9 @@ shards="${SHARDS:-12}"
 initial="1=127.0.0.1:7070/127.0.0.1:7071,2=127.0.0.1:7080/127.0.0.1:7081,3=127.0.0.1:7090/127.0.0.1:7091"
 
 export TOCSIN_DELIVERY__WEBHOOK_ALLOW="${TOCSIN_DELIVERY__WEBHOOK_ALLOW:-127.0.0.0/8,::1/128}"
+# A cluster on loopback for one machine: no tokens unless asked
+# (TOCSIN_AUTH__MODE=tokens with TOCSIN_AUTH__BOOTSTRAP_TOKEN_FILE).
+export TOCSIN_AUTH__MODE="${TOCSIN_AUTH__MODE:-open}"
 
 pids=()
 stop() {

@@ -272,6 +272,9 @@ impl Cluster {
             // 200 ms, below the 1 s floor a production node keeps: the
             // lateness bounds measure failover, not the backoff floor.
             ("TOCSIN_LIMITS__MIN_BACKOFF_MS".to_string(), "200".to_string()),
+            // The driver, the observers and the admin commands carry no
+            // token: the cluster runs open on the harness's own network.
+            ("TOCSIN_AUTH__MODE".to_string(), "open".to_string()),
         ];
         env.extend(self.options.env.iter().cloned());
         if self.options.clock_files {

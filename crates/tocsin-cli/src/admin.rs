@@ -11,7 +11,6 @@ use anyhow::Context;
 use indicatif::ProgressBar;
 use indicatif::ProgressStyle;
 use tocsin_client::AdminOp;
-use tocsin_client::Client;
 
 use crate::cluster::ClusterCommand;
 
@@ -51,6 +50,35 @@ enum AdminCommand {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Create, list and revoke bearer tokens (needs an `admin` token).
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+#[derive(clap::Subcommand)]
+enum TokenCommand {
+    /// Create a token; prints it once (the cluster keeps only its hash).
+    Create {
+        /// timers:write, timers:read, pull or admin (comma-separated or repeated).
+        #[arg(long = "scope", value_delimiter = ',', required = true)]
+        scopes: Vec<String>,
+        /// A namespace, a prefix ending in *, or * (comma-separated or repeated).
+        #[arg(long = "namespace", value_delimiter = ',')]
+        namespaces: Vec<String>,
+        /// What the token is for.
+        #[arg(long, default_value = "")]
+        label: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Every token's id, scopes, namespaces and label.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revoke a token by id: every node refuses it within about a second.
+    Revoke { id: String },
 }
 
 #[derive(clap::Subcommand)]
@@ -118,8 +146,9 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<ExitCode> {
         AdminCommand::Node(NodeCommand::Remove { node_id }) => AdminOp::RemoveNode { node_id },
         AdminCommand::Node(NodeCommand::Decommission { node_id }) => AdminOp::DecommissionNode { node_id },
         AdminCommand::Rebalance { dry_run } => AdminOp::Rebalance { dry_run },
+        AdminCommand::Token(cmd) => return token(addrs, cmd).await,
     };
-    let client = Client::connect(addrs).await.context("connecting to the cluster")?;
+    let client = crate::connect(addrs).await.context("connecting to the cluster")?;
     let mut stream = client.admin_op(op).await.context("starting the operation")?;
     let tty = std::io::stderr().is_terminal();
     let bar = if tty { ProgressBar::new(0) } else { ProgressBar::hidden() };
@@ -168,8 +197,51 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<ExitCode> {
     }
 }
 
+async fn token(addrs: Vec<String>, cmd: TokenCommand) -> anyhow::Result<ExitCode> {
+    let client = crate::connect(addrs).await.context("connecting to the cluster")?;
+    match cmd {
+        TokenCommand::Create { scopes, namespaces, label, json } => {
+            let req = tocsin_client::v1::CreateTokenRequest { scopes, namespaces, label };
+            let resp = client.create_token(req).await.context("creating the token")?;
+            if json {
+                println!("{}", serde_json::json!({"id": resp.id, "token": resp.token, "map_epoch": resp.map_epoch}));
+            } else {
+                eprintln!("token {} created; it is shown this once, keep it secret:", resp.id);
+                println!("{}", resp.token);
+            }
+        }
+        TokenCommand::List { json } => {
+            let tokens = client.list_tokens().await.context("listing tokens")?;
+            if json {
+                let rows: Vec<serde_json::Value> = tokens
+                    .iter()
+                    .map(|t| {
+                        serde_json::json!({"id": t.id, "scopes": t.scopes, "namespaces": t.namespaces,
+                            "label": t.label, "created_at_ms": t.created_at_ms})
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                println!("{:<18} {:<32} {:<24} label", "id", "scopes", "namespaces");
+                for t in &tokens {
+                    println!("{:<18} {:<32} {:<24} {}", t.id, t.scopes.join(","), t.namespaces.join(","), t.label);
+                }
+            }
+        }
+        TokenCommand::Revoke { id } => {
+            let resp = client.revoke_token(&id).await.context("revoking the token")?;
+            if resp.revoked {
+                println!("token {id} revoked (cluster map epoch {})", resp.map_epoch);
+            } else {
+                println!("no token {id}: nothing to revoke");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn shard_list(addrs: Vec<String>, json: bool) -> anyhow::Result<ExitCode> {
-    let client = Client::connect(addrs).await.context("connecting to the cluster")?;
+    let client = crate::connect(addrs).await.context("connecting to the cluster")?;
     let map = client.shard_map().await.context("loading the shard map")?;
     if json {
         let shards: Vec<serde_json::Value> = map

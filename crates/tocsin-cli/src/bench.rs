@@ -22,7 +22,6 @@ use anyhow::Context;
 use hdrhistogram::Histogram;
 use indicatif::ProgressBar;
 use indicatif::ProgressStyle;
-use tocsin_client::Client;
 use tocsin_client::v1 as pb;
 
 use crate::sink;
@@ -203,7 +202,7 @@ async fn create(
     spread_ms: u64,
     topic: String,
 ) -> anyhow::Result<ExitCode> {
-    let client = Client::connect(common.addrs.clone()).await.context("connecting")?;
+    let client = crate::connect(common.addrs.clone()).await.context("connecting")?;
     let run = common.run_id();
     let next = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -286,7 +285,7 @@ async fn fire(
     sink_addr: String,
     sink_advertise: Option<String>,
 ) -> anyhow::Result<ExitCode> {
-    let client = Client::connect(common.addrs.clone()).await.context("connecting")?;
+    let client = crate::connect(common.addrs.clone()).await.context("connecting")?;
     let run = common.run_id();
     let stats = Arc::new(Mutex::new(FireStats { lateness: Some(Histogram::new(3)?), ..Default::default() }));
     let tap_stats = stats.clone();
@@ -413,7 +412,7 @@ async fn fire(
 }
 
 async fn burst(common: Common, count: u64, lead_ms: u64, topic: String, max_batch: u32) -> anyhow::Result<ExitCode> {
-    let client = Client::connect(common.addrs.clone()).await.context("connecting")?;
+    let client = crate::connect(common.addrs.clone()).await.context("connecting")?;
     let run = common.run_id();
     // Phase: preload `count` pull timers due within one second, starting well
     // after the creates finish.
@@ -591,7 +590,7 @@ async fn restart(
     // Let compactions and flushes settle before reading the RSS.
     tokio::time::sleep(Duration::from_secs(10)).await;
     let rss = node.rss_bytes();
-    let client = Client::connect(addrs.clone()).await?;
+    let client = crate::connect(addrs.clone()).await?;
     let info = client.cluster().await?;
     let total: u64 = info.shards.iter().map(|s| s.pending_timers).sum();
     println!(

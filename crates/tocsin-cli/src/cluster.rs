@@ -36,7 +36,7 @@ pub enum ClusterCommand {
 pub async fn run(cmd: ClusterCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         ClusterCommand::Status { addrs, digests, json } => {
-            let client = Client::connect(addrs).await.context("connecting to the cluster")?;
+            let client = crate::connect(addrs).await.context("connecting to the cluster")?;
             let info = whole_cluster(&client, digests).await.context("asking for the cluster's state")?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&status_json(&info))?);
@@ -47,7 +47,7 @@ pub async fn run(cmd: ClusterCommand) -> anyhow::Result<ExitCode> {
             Ok(if leaderless == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
         }
         ClusterCommand::TransferLeader { addrs, shard, to } => {
-            let client = Client::connect(addrs).await.context("connecting to the cluster")?;
+            let client = crate::connect(addrs).await.context("connecting to the cluster")?;
             let leader = client.transfer_leader(shard, to).await.context("transferring the leadership")?;
             if leader == to {
                 println!("shard {shard} is led by node {to}");
@@ -118,7 +118,11 @@ async fn node_info(grpc_addr: String, digests: bool) -> Option<pb::ClusterInfo> 
         .timeout(std::time::Duration::from_secs(20));
     let channel = endpoint.connect().await.ok()?;
     let mut admin = pb::admin_service_client::AdminServiceClient::new(channel);
-    admin.get_cluster(pb::GetClusterRequest { digests }).await.ok().map(|r| r.into_inner())
+    let mut request = tonic::Request::new(pb::GetClusterRequest { digests });
+    if let Some(token) = crate::token() {
+        request.metadata_mut().insert("authorization", format!("Bearer {token}").parse().ok()?);
+    }
+    admin.get_cluster(request).await.ok().map(|r| r.into_inner())
 }
 
 /// A node's state as the CLI prints it.

@@ -23,8 +23,27 @@ use clap::Subcommand;
 #[derive(Parser)]
 #[command(name = "tocsin", version, about = "A Raft-replicated timer service: do X at time T unless cancelled first")]
 struct Cli {
+    /// The bearer token for calls to the cluster (`tocsin admin token
+    /// create`); not needed by a node that runs open (`tocsin dev`).
+    #[arg(long, global = true, env = "TOCSIN_TOKEN", hide_env_values = true)]
+    token: Option<String>,
     #[command(subcommand)]
     command: Command,
+}
+
+/// The `--token` given, for every client the CLI opens.
+static TOKEN: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+
+pub(crate) fn token() -> Option<String> {
+    TOKEN.get().cloned().flatten()
+}
+
+/// A shard-aware client to the cluster at `addrs`, carrying `--token`.
+pub(crate) async fn connect(
+    addrs: impl IntoIterator<Item = impl Into<String>>,
+) -> Result<tocsin_client::Client, tocsin_client::ClientError> {
+    let options = tocsin_client::ClientOptions { token: token(), ..Default::default() };
+    tocsin_client::Client::with_options(addrs, options).await
 }
 
 #[derive(Subcommand)]
@@ -56,6 +75,7 @@ enum Command {
 
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
+    let _ = TOKEN.set(cli.token.clone());
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let result = runtime.block_on(async {
         match cli.command {

@@ -68,6 +68,11 @@ pub struct ServeArgs {
     /// Sets `join`: start empty and wait for `tocsin admin node add`.
     #[arg(long)]
     join: bool,
+    /// Serve the client ports with no token checks (`auth.mode = "open"`):
+    /// anyone who reaches them may act on every namespace and operate the
+    /// cluster. Only on a network where every host is trusted.
+    #[arg(long)]
+    insecure_no_auth: bool,
 }
 
 fn init_logging(filter: &str) {
@@ -139,6 +144,8 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         replication_factor: 1,
         ..NodeConfig::default()
     };
+    // A dev node is for one machine: no tokens (the banner says so).
+    config.auth.mode = tocsin_node::config::AuthMode::Open;
     // A dev node's receivers run on the same machine: the SSRF guard lets
     // loopback through (and the banner says so); `tocsin serve` does not.
     config.delivery.webhook_allow = DEV_WEBHOOK_ALLOW.iter().map(|s| s.to_string()).collect();
@@ -152,6 +159,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
         println!("  gRPC     {}", node.grpc_addr);
         println!("  HTTP     http://{http}  (metrics at /metrics, health at /healthz and /readyz)");
         println!("  peer     {}  (other nodes only: Raft and forwarding)", node.peer_addr);
+        println!("  auth     open: no tokens asked for (tocsin serve checks bearer tokens; see docs/security.md)");
         println!();
         println!("Receive callbacks (in another terminal):");
         println!("  tocsin sink --listen 127.0.0.1:9000");
@@ -226,6 +234,9 @@ fn serve_config(args: &ServeArgs) -> anyhow::Result<(NodeConfig, Vec<String>)> {
     if args.join {
         config.join = true;
     }
+    if args.insecure_no_auth {
+        config.auth.mode = tocsin_node::config::AuthMode::Open;
+    }
     config.validate().context("invalid configuration")?;
     Ok((config, ignored))
 }
@@ -238,6 +249,15 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             variable = %name,
             "ignoring a TOCSIN_* environment variable that names no setting (Kubernetes sets TOCSIN_SERVICE_* and TOCSIN_PORT* for a Service named tocsin)"
         );
+    }
+    match (config.auth.mode, &config.auth.bootstrap_token_file) {
+        (tocsin_node::config::AuthMode::Open, _) => tracing::warn!(
+            "auth.mode is open: the client ports check no token; anyone who reaches them may act on every namespace and operate the cluster"
+        ),
+        (tocsin_node::config::AuthMode::Tokens, None) => tracing::info!(
+            "auth.mode is tokens with no bootstrap token: only tokens already in the cluster map are accepted (set auth.bootstrap_token_file to create the first)"
+        ),
+        (tocsin_node::config::AuthMode::Tokens, Some(_)) => {}
     }
     let reload: Reload = Box::new(move || Ok(serve_config(&args)?.0));
     run_until_signal(config, Some(reload), |node| {

@@ -4,7 +4,6 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use tocsin_client::Client;
 use tocsin_client::v1 as pb;
 use tocsin_contract::json::TimerJson;
 
@@ -128,7 +127,7 @@ fn parse_labels(labels: &[String]) -> anyhow::Result<std::collections::HashMap<S
 pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         TimerCommand::Create { conn, namespace, id, delay_ms, at, webhook, topic, payload, labels, max_attempts } => {
-            let client = Client::connect(conn.addrs.clone()).await?;
+            let client = crate::connect(conn.addrs.clone()).await?;
             let fire_time = match (delay_ms, at) {
                 (Some(d), _) => pb::create_timer_request::FireTime::DelayMs(d),
                 (None, Some(a)) => pb::create_timer_request::FireTime::FireAtMs(a),
@@ -157,11 +156,11 @@ pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
             }
         }
         TimerCommand::Get { conn, namespace, id } => {
-            let client = Client::connect(conn.addrs.clone()).await?;
+            let client = crate::connect(conn.addrs.clone()).await?;
             print_timer(&client.get_timer(&namespace, &id).await?, conn.json);
         }
         TimerCommand::List { conn, namespace, state, limit, page_token } => {
-            let client = Client::connect(conn.addrs.clone()).await?;
+            let client = crate::connect(conn.addrs.clone()).await?;
             let state = match state {
                 Some(s) => pb::timer::State::from_str_name(&s.to_ascii_uppercase())
                     .with_context(|| format!("unknown state {s}"))? as i32,
@@ -189,7 +188,7 @@ pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
             }
         }
         TimerCommand::Cancel { conn, namespace, id } => {
-            let client = Client::connect(conn.addrs.clone()).await?;
+            let client = crate::connect(conn.addrs.clone()).await?;
             let resp = client.cancel_timer(&namespace, &id).await?;
             let outcome =
                 pb::cancel_timer_response::Outcome::try_from(resp.outcome).map(|o| o.as_str_name()).unwrap_or("?");
@@ -210,7 +209,7 @@ pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
             }
         }
         TimerCommand::Reschedule { conn, namespace, id, generation, delay_ms, at } => {
-            let client = Client::connect(conn.addrs.clone()).await?;
+            let client = crate::connect(conn.addrs.clone()).await?;
             let fire_time = match (delay_ms, at) {
                 (Some(d), _) => pb::reschedule_timer_request::FireTime::DelayMs(d),
                 (None, Some(a)) => pb::reschedule_timer_request::FireTime::FireAtMs(a),
@@ -227,7 +226,7 @@ pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
             print_timer(&timer, conn.json);
         }
         TimerCommand::Horizon { conn, namespace } => {
-            let client = Client::connect(conn.addrs.clone()).await?;
+            let client = crate::connect(conn.addrs.clone()).await?;
             let h = client.horizon(&namespace).await?;
             if conn.json {
                 println!(

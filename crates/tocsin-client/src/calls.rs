@@ -12,6 +12,7 @@ use tonic::transport::Endpoint;
 use crate::AdminOp;
 use crate::Client;
 use crate::ClientError;
+use crate::conn::Conn;
 
 impl Client {
     /// Creates one timer (idempotent by `(namespace, id)`).
@@ -255,6 +256,36 @@ impl Client {
         Ok(resp.leader)
     }
 
+    /// Creates a bearer token (needs `admin`); the answer holds its secret,
+    /// shown this once.
+    pub async fn create_token(&self, req: pb::CreateTokenRequest) -> Result<pb::CreateTokenResponse, ClientError> {
+        self.call_channel(None, |channel| {
+            let req = req.clone();
+            async move { AdminServiceClient::new(channel).create_token(req).await }
+        })
+        .await
+    }
+
+    /// Every token's id and grants (needs `admin`).
+    pub async fn list_tokens(&self) -> Result<Vec<pb::TokenInfo>, ClientError> {
+        let resp = self
+            .call_channel(None, |channel| async move {
+                AdminServiceClient::new(channel).list_tokens(pb::ListTokensRequest {}).await
+            })
+            .await?;
+        Ok(resp.tokens)
+    }
+
+    /// Revokes token `id` (needs `admin`); whether one was revoked.
+    pub async fn revoke_token(&self, id: &str) -> Result<pb::RevokeTokenResponse, ClientError> {
+        let req = pb::RevokeTokenRequest { id: id.into() };
+        self.call_channel(None, |channel| {
+            let req = req.clone();
+            async move { AdminServiceClient::new(channel).revoke_token(req).await }
+        })
+        .await
+    }
+
     /// Starts a cluster operation on the first seed that answers and
     /// returns its progress stream. The operation runs on that node to the
     /// end even if the stream is dropped; re-running it is safe.
@@ -267,7 +298,7 @@ impl Client {
                 .connect_timeout(self.inner.options.connect_timeout)
                 .tcp_nodelay(true);
             let channel = match endpoint.connect().await {
-                Ok(c) => c,
+                Ok(c) => Conn::new(c, self.inner.authorization.clone()),
                 Err(e) => {
                     last = ClientError::Unreachable(format!("{addr}: {e}"));
                     continue;

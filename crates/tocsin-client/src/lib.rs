@@ -42,12 +42,13 @@ use std::sync::RwLock;
 use std::time::Duration;
 use std::time::Instant;
 
+use crate::conn::Conn;
 use tocsin_proto::v1 as pb;
-use tonic::transport::Channel;
 
 pub use tocsin_proto::v1;
 
 mod calls;
+mod conn;
 mod retry;
 mod routing;
 
@@ -114,6 +115,9 @@ pub struct ClientOptions {
     /// First retry delay; doubles per attempt up to `max_backoff`, with jitter.
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
+    /// The bearer token sent with every call (`tocsin admin token create`);
+    /// none for a node that runs open.
+    pub token: Option<String>,
 }
 
 impl Default for ClientOptions {
@@ -124,6 +128,7 @@ impl Default for ClientOptions {
             max_attempts: 10,
             initial_backoff: Duration::from_millis(20),
             max_backoff: Duration::from_secs(1),
+            token: None,
         }
     }
 }
@@ -150,7 +155,9 @@ struct Inner {
     seeds: Vec<String>,
     options: ClientOptions,
     route: RwLock<Option<Route>>,
-    channels: Mutex<HashMap<String, Channel>>,
+    channels: Mutex<HashMap<String, Conn>>,
+    /// `Bearer <token>` for every call, if the client has a token.
+    authorization: Option<tonic::codegen::http::HeaderValue>,
     /// Nodes that just failed to answer, until when they are avoided: a
     /// frozen or partitioned node costs one timeout, not one per request.
     suspects: Mutex<HashMap<String, Instant>>,
@@ -226,10 +233,13 @@ impl Client {
         if seeds.is_empty() {
             return Err(ClientError::Argument("give at least one node address".into()));
         }
+        let authorization =
+            options.token.as_deref().map(conn::authorization).transpose().map_err(ClientError::Argument)?;
         let client = Client {
             inner: Arc::new(Inner {
                 seeds,
                 options,
+                authorization,
                 route: RwLock::new(None),
                 channels: Mutex::new(HashMap::new()),
                 suspects: Mutex::new(HashMap::new()),

@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use tocsin_proto::v1 as pb;
 use tocsin_proto::v1::timer_service_client::TimerServiceClient;
-use tonic::transport::Channel;
 
 use crate::Client;
 use crate::ClientError;
 use crate::LEADER_HEADER;
+use crate::conn::Conn;
 
 impl Client {
     pub(crate) fn backoff(&self, attempt: u32) -> Duration {
@@ -27,7 +27,7 @@ impl Client {
     /// retryable failures.
     pub(crate) async fn call<T, F, Fut>(&self, shard: Option<u32>, mut call: F) -> Result<T, ClientError>
     where
-        F: FnMut(TimerServiceClient<Channel>) -> Fut,
+        F: FnMut(TimerServiceClient<Conn>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         self.call_channel(shard, |channel| call(TimerServiceClient::new(channel).max_decoding_message_size(64 << 20)))
@@ -37,7 +37,7 @@ impl Client {
     /// [`Client::call`] for any service on the node's channel.
     pub(crate) async fn call_channel<T, F, Fut>(&self, shard: Option<u32>, mut call: F) -> Result<T, ClientError>
     where
-        F: FnMut(Channel) -> Fut,
+        F: FnMut(Conn) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
         let mut last = ClientError::Unreachable("no attempt made".into());

@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
+use crate::conn::Conn;
 use tocsin_proto::v1 as pb;
 use tocsin_proto::v1::admin_service_client::AdminServiceClient;
-use tonic::transport::Channel;
 use tonic::transport::Endpoint;
 
 use crate::Client;
@@ -18,7 +18,7 @@ use crate::Route;
 use crate::SUSPECT_FOR;
 
 impl Client {
-    pub(crate) fn channel(&self, addr: &str) -> Result<Channel, ClientError> {
+    pub(crate) fn channel(&self, addr: &str) -> Result<Conn, ClientError> {
         let mut channels = self.inner.channels.lock().expect("channels lock");
         if let Some(c) = channels.get(addr) {
             return Ok(c.clone());
@@ -28,7 +28,7 @@ impl Client {
             .connect_timeout(self.inner.options.connect_timeout)
             .timeout(self.inner.options.request_timeout)
             .tcp_nodelay(true);
-        let channel = endpoint.connect_lazy();
+        let channel = Conn::new(endpoint.connect_lazy(), self.inner.authorization.clone());
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
     }

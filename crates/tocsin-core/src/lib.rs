@@ -21,6 +21,7 @@
 //! (`now_ms` stamped by the shard leader into each log entry).
 
 pub mod apply;
+pub mod auth;
 pub mod backoff;
 pub mod cluster;
 pub mod command;

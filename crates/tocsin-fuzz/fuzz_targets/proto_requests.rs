@@ -17,7 +17,7 @@ fn round_trip<M: Message + Default + PartialEq + std::fmt::Debug>(data: &[u8]) {
 
 fuzz_target!(|data: &[u8]| {
     let Some((&which, data)) = data.split_first() else { return };
-    match which % 24 {
+    match which % 27 {
         0 => round_trip::<pb::CreateTimerRequest>(data),
         1 => round_trip::<pb::CreateTimersRequest>(data),
         2 => round_trip::<pb::GetTimerRequest>(data),
@@ -41,6 +41,9 @@ fuzz_target!(|data: &[u8]| {
         20 => round_trip::<pb::HostShardRequest>(data),
         21 => round_trip::<pb::ReleaseShardRequest>(data),
         22 => round_trip::<pb::ProposeClusterRequest>(data),
-        _ => round_trip::<pb::ReadClusterMapRequest>(data),
+        23 => round_trip::<pb::ReadClusterMapRequest>(data),
+        24 => round_trip::<pb::CreateTokenRequest>(data),
+        25 => round_trip::<pb::ListTokensRequest>(data),
+        _ => round_trip::<pb::RevokeTokenRequest>(data),
     }
 });

@@ -63,6 +63,7 @@ pub struct NodeConfig {
     pub firing: FiringConfig,
     pub delivery: DeliveryConfig,
     pub admission: AdmissionConfig,
+    pub auth: AuthConfig,
     /// Per-namespace settings, such as the webhook signing secret.
     pub namespaces: BTreeMap<String, NamespaceConfig>,
     /// Log filter, as `RUST_LOG` (which takes precedence).
@@ -94,6 +95,7 @@ impl Default for NodeConfig {
             firing: FiringConfig::default(),
             delivery: DeliveryConfig::default(),
             admission: AdmissionConfig::default(),
+            auth: AuthConfig::default(),
             namespaces: BTreeMap::new(),
             log: "info".into(),
             max_clock_offset_ms: 500,
@@ -213,6 +215,19 @@ impl NodeConfig {
     /// Every namespace's signing keys, the current one first, decoded and
     /// checked once: `validate` and the node (at start and on SIGHUP) both
     /// take them from here.
+    /// The bootstrap token from `auth.bootstrap_token_file`, if set: the
+    /// file's content, trimmed, at least 32 characters.
+    pub fn bootstrap_token(&self) -> Result<Option<String>, ConfigError> {
+        let Some(path) = &self.auth.bootstrap_token_file else { return Ok(None) };
+        let invalid = |message: String| ConfigError::Invalid { field: "auth.bootstrap_token_file".into(), message };
+        let token = std::fs::read_to_string(path).map_err(|e| invalid(format!("reading {}: {e}", path.display())))?;
+        let token = token.trim().to_string();
+        if token.chars().count() < 32 || token.chars().any(char::is_whitespace) {
+            return Err(invalid(format!("{} must hold one token of at least 32 characters", path.display())));
+        }
+        Ok(Some(token))
+    }
+
     pub fn signing_keys(&self) -> Result<std::collections::HashMap<String, Vec<Vec<u8>>>, ConfigError> {
         let invalid = |field: String, message: &str| ConfigError::Invalid { field, message: message.into() };
         let mut keys = std::collections::HashMap::new();
@@ -265,6 +280,35 @@ fn list_or_comma_separated<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec
         Form::List(v) => v,
         Form::Text(s) => s.split(',').map(|e| e.trim().to_string()).filter(|e| !e.is_empty()).collect(),
     })
+}
+
+/// Who may call the client API (see docs/security.md).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct AuthConfig {
+    /// `tokens`: every call on the client ports needs a bearer token whose
+    /// scopes cover it. `open`: no token is asked for (a trusted network
+    /// only; `tocsin dev` runs so, `tocsin serve` only when told with
+    /// `--insecure-no-auth` or this setting).
+    pub mode: AuthMode,
+    /// A file holding the bootstrap token: a secret of at least 32
+    /// characters that grants every scope on every namespace, for creating
+    /// the first tokens (`tocsin admin token create`). Read at start; keep
+    /// it as secret as a root password, and drop it once tokens exist.
+    pub bootstrap_token_file: Option<PathBuf>,
+}
+
+impl Default for AuthConfig {
+    fn default() -> Self {
+        AuthConfig { mode: AuthMode::Tokens, bootstrap_token_file: None }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    Tokens,
+    Open,
 }
 
 /// What the node accepts.
@@ -336,7 +380,7 @@ impl std::fmt::Debug for NamespaceConfig {
 }
 
 /// `TOCSIN_*` variables the CLI reads itself (after the prefix).
-const NOT_SETTINGS: [&str; 1] = ["ADDR"];
+const NOT_SETTINGS: [&str; 2] = ["ADDR", "TOKEN"];
 
 /// Whether `path` (lower case, from `TOCSIN_A__B`) names a setting: a leaf
 /// of the config's schema, or a field of one namespace's settings
@@ -347,6 +391,7 @@ fn is_setting(path: &[String]) -> bool {
         // filled in (an absent `Option` serializes to nothing).
         let config = NodeConfig {
             peer_listen: Some(String::new()),
+            auth: AuthConfig { bootstrap_token_file: Some(PathBuf::new()), ..AuthConfig::default() },
             grpc_advertise: Some(String::new()),
             http_advertise: Some(String::new()),
             peer_advertise: Some(String::new()),
@@ -501,6 +546,7 @@ impl NodeConfig {
                 .map_err(|e| ConfigError::Invalid { field: format!("namespaces.{ns}"), message: e.message })?;
         }
         self.signing_keys()?;
+        self.bootstrap_token()?;
         self.initial_members().map(|_| ())
     }
 

@@ -33,6 +33,12 @@ pub enum NodeError {
     StaleMap { message: String, map_epoch: u64 },
     #[error("{0}")]
     Internal(String),
+    /// No token, or one the cluster does not know (never says which).
+    #[error("{0}")]
+    Unauthenticated(String),
+    /// A known token whose scopes do not cover the call.
+    #[error("{0}")]
+    PermissionDenied(String),
 }
 
 impl From<ValidationError> for NodeError {
@@ -61,6 +67,8 @@ impl NodeError {
             NodeError::Unavailable { .. } => tonic::Code::Unavailable,
             NodeError::StaleMap { .. } => tonic::Code::Aborted,
             NodeError::Internal(_) => tonic::Code::Internal,
+            NodeError::Unauthenticated(_) => tonic::Code::Unauthenticated,
+            NodeError::PermissionDenied(_) => tonic::Code::PermissionDenied,
         }
     }
 
@@ -115,6 +123,8 @@ impl NodeError {
                 NodeError::ResourceExhausted { message, retry_after_ms: info.retry_after_ms }
             }
             tonic::Code::Aborted => NodeError::StaleMap { message, map_epoch: info.map_epoch },
+            tonic::Code::Unauthenticated => NodeError::Unauthenticated(message),
+            tonic::Code::PermissionDenied => NodeError::PermissionDenied(message),
             tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled => {
                 NodeError::Unavailable { message, leader: info.leader, retry_after_ms: info.retry_after_ms }
             }

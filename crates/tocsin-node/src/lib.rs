@@ -34,6 +34,7 @@
 
 pub mod admission;
 pub mod api;
+pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod control;

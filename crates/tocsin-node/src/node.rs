@@ -343,9 +343,11 @@ fn shared_state(
             router.set_addr(m.id, &m.peer);
         }
     }
+    let authority = crate::auth::Authority::new(config)?;
     Ok(Arc::new(NodeState {
         config: config.clone(),
         node_id,
+        authority,
         self_addr: NodeAddr {
             grpc_addr: config.grpc_advertise(),
             http_addr: config.http_advertise(),
@@ -412,7 +414,7 @@ async fn serve_peer_grpc(
     raft: tokio::runtime::Handle,
 ) {
     let max = state.config.admission.max_request_bytes;
-    let timers = pb::timer_service_server::TimerServiceServer::new(TimerApi::new(state.clone()))
+    let timers = pb::timer_service_server::TimerServiceServer::new(TimerApi::for_peers(state.clone()))
         .max_decoding_message_size(max)
         .max_encoding_message_size(64 << 20);
     let admin = pb::admin_service_server::AdminServiceServer::new(AdminApi::peer_reads_only(state.clone()));

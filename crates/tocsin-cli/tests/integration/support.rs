@@ -132,6 +132,9 @@ impl NodeProcess {
             // The tests' receivers listen on loopback, which the SSRF guard
             // refuses unless allowed; a test's own env may override this.
             .env("TOCSIN_DELIVERY__WEBHOOK_ALLOW", "127.0.0.0/8")
+            // Most tests are not about tokens: the node runs open unless a
+            // test's own env says `tokens` (the `auth` tests).
+            .env("TOCSIN_AUTH__MODE", "open")
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log);

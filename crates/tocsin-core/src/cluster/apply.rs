@@ -16,6 +16,7 @@ use super::MapNode;
 use super::NewNode;
 use super::NodeStatus;
 use super::Placement;
+use super::TokenChange;
 use super::plan::sorted;
 
 /// Applies one command to `map` at the leader's time `now_ms`. A refused
@@ -31,6 +32,7 @@ pub fn apply_cluster(map: &mut ClusterMap, cmd: &ClusterCommand, now_ms: u64) ->
             bootstrap(*num_shards, *replication_factor, nodes, now_ms)
         }
         ClusterCommand::Change(change) => change_map(map, change, now_ms),
+        ClusterCommand::Token(change) => change_tokens(map, change, now_ms),
     };
     Ok(match result {
         Ok(Some(next)) => {
@@ -40,6 +42,41 @@ pub fn apply_cluster(map: &mut ClusterMap, cmd: &ClusterCommand, now_ms: u64) ->
         Ok(None) => ClusterOutcome::Unchanged { epoch: map.epoch },
         Err(error) => ClusterOutcome::Refused { epoch: map.epoch, error },
     })
+}
+
+/// Token changes raise the epoch like any map change, so every node's
+/// cache (which takes only newer epochs) picks them up.
+fn change_tokens(map: &ClusterMap, change: &TokenChange, now_ms: u64) -> Result<Option<ClusterMap>, MapError> {
+    if !map.is_bootstrapped() {
+        return Err(MapError::NotBootstrapped);
+    }
+    let mut next = map.clone();
+    match change {
+        TokenChange::Create { id, record } => {
+            if !crate::auth::valid_token_id(id) {
+                return Err(MapError::Invalid(format!("token id {id:?}: 1 to 32 letters, digits or -")));
+            }
+            if map.tokens.contains_key(id) {
+                return Err(MapError::Invalid(format!("token id {id} is taken")));
+            }
+            if map.tokens.len() >= crate::auth::MAX_TOKENS {
+                return Err(MapError::Invalid(format!(
+                    "the cluster holds {} tokens, the most it may",
+                    map.tokens.len()
+                )));
+            }
+            record.check().map_err(MapError::Invalid)?;
+            next.tokens.insert(id.clone(), record.clone());
+        }
+        TokenChange::Revoke { id } => {
+            if next.tokens.remove(id).is_none() {
+                return Ok(None);
+            }
+        }
+    }
+    next.epoch = map.epoch + 1;
+    next.changed_at_ms = now_ms;
+    Ok(Some(next))
 }
 
 fn check_new_node(node: &NewNode) -> Result<(), MapError> {

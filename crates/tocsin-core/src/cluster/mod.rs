@@ -123,6 +123,9 @@ pub struct ClusterMap {
     pub shards: Vec<Placement>,
     /// The metadata leader's clock when the last change was applied.
     pub changed_at_ms: u64,
+    /// Bearer tokens by id (see `crate::auth`): stored hashed, so every
+    /// node checks a call against the same grants.
+    pub tokens: BTreeMap<String, crate::auth::TokenRecord>,
 }
 
 /// A node to add, as the operator names it.
@@ -159,6 +162,17 @@ pub enum ClusterCommand {
         nodes: Vec<NewNode>,
     },
     Change(MapChange),
+    /// Creates or revokes a bearer token.
+    Token(TokenChange),
+}
+
+/// A change to the map's tokens.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TokenChange {
+    /// Adds a token under a new id (an id in use is refused).
+    Create { id: String, record: crate::auth::TokenRecord },
+    /// Removes a token; an unknown id changes nothing.
+    Revoke { id: String },
 }
 
 /// What a cluster command did.
@@ -242,6 +256,12 @@ impl ClusterMap {
         if self.nodes.len() > MAX_NODES {
             return Err(format!("{} nodes, more than {MAX_NODES}", self.nodes.len()));
         }
+        if self.tokens.len() > crate::auth::MAX_TOKENS {
+            return Err(format!("{} tokens, more than {}", self.tokens.len(), crate::auth::MAX_TOKENS));
+        }
+        for (id, t) in &self.tokens {
+            t.check().map_err(|e| format!("token {id}: {e}"))?;
+        }
         for (shard, p) in self.shards.iter().enumerate() {
             if p.replicas.is_empty() {
                 return Err(format!("shard {shard} has no target replica"));
@@ -297,6 +317,42 @@ mod tests {
 
     fn change(map: &mut ClusterMap, change: MapChange) -> ClusterOutcome {
         apply_cluster(map, &ClusterCommand::Change(change), 10).unwrap()
+    }
+
+    #[test]
+    fn tokens_are_created_once_and_revoked_with_the_epoch_raised() {
+        use crate::auth::Scope;
+        use crate::auth::TokenRecord;
+        let mut map = booted(&[1, 2, 3], 4);
+        let record = TokenRecord {
+            secret_sha256: [7; 32],
+            scopes: vec![Scope::TimersWrite],
+            namespaces: vec!["orders".into()],
+            label: "svc".into(),
+            created_at_ms: 3,
+        };
+        let token =
+            |map: &ClusterMap, change| apply_cluster(&mut map.clone(), &ClusterCommand::Token(change), 20).unwrap();
+        let create = TokenChange::Create { id: "t1".into(), record: record.clone() };
+        assert_eq!(
+            apply_cluster(&mut map, &ClusterCommand::Token(create.clone()), 20).unwrap(),
+            ClusterOutcome::Changed { epoch: 2 }
+        );
+        assert_eq!(map.tokens["t1"], record);
+        assert!(matches!(token(&map, create), ClusterOutcome::Refused { epoch: 2, .. }), "an id is never given twice");
+        let bad = TokenRecord { scopes: vec![], ..record.clone() };
+        assert!(matches!(
+            token(&map, TokenChange::Create { id: "t2".into(), record: bad }),
+            ClusterOutcome::Refused { .. }
+        ));
+        assert!(matches!(
+            token(&map, TokenChange::Create { id: "t_2".into(), record }),
+            ClusterOutcome::Refused { .. }
+        ));
+        let revoke = ClusterCommand::Token(TokenChange::Revoke { id: "t1".into() });
+        assert_eq!(apply_cluster(&mut map, &revoke, 30).unwrap(), ClusterOutcome::Changed { epoch: 3 });
+        assert!(map.tokens.is_empty());
+        assert_eq!(apply_cluster(&mut map, &revoke, 40).unwrap(), ClusterOutcome::Unchanged { epoch: 3 });
     }
 
     #[test]

@@ -10,6 +10,12 @@ use tonic::Request;
 use tonic::Response;
 use tonic::Status;
 
+use tocsin_core::auth::Scope;
+use tocsin_core::auth::TokenRecord;
+use tocsin_core::cluster::ClusterCommand;
+use tocsin_core::cluster::ClusterOutcome;
+use tocsin_core::cluster::TokenChange;
+
 use crate::control::ops;
 use crate::control::report;
 use crate::control::state::NodeState;
@@ -18,8 +24,9 @@ use crate::error::NodeError;
 #[derive(Clone)]
 pub struct AdminApi {
     node: Arc<NodeState>,
-    /// Whether cluster operations are served (the client port), or only
-    /// the reads nodes make of each other (the peer port).
+    /// Whether cluster operations are served and calls checked against
+    /// bearer tokens (the client port), or only the reads nodes make of
+    /// each other, unchecked (the peer port).
     operations: bool,
 }
 
@@ -31,6 +38,23 @@ impl AdminApi {
     /// The peer port's AdminService: `GetCluster` and `GetShardMap` only.
     pub fn peer_reads_only(node: Arc<NodeState>) -> AdminApi {
         AdminApi { node, operations: false }
+    }
+
+    /// On the client port: refuses the call unless its token is known and,
+    /// for `Some(Admin)`, grants admin. The peer port checks nothing.
+    fn authorize<T>(&self, request: &Request<T>, scope: Option<Scope>) -> Result<(), Status> {
+        if !self.operations {
+            return Ok(());
+        }
+        let map = self.node.map.get();
+        // A node with no cluster map yet (started with --join, not yet
+        // added) holds nothing and knows no token: its reads answer, so
+        // `node add` can ask it who it is.
+        if scope.is_none() && !map.is_bootstrapped() {
+            return Ok(());
+        }
+        let bearer = crate::auth::bearer_of(request.metadata());
+        self.node.authority.check(&map, bearer, scope, &[]).map_err(Status::from)
     }
 
     /// A caller that names a newer map epoch (`x-tocsin-map-epoch`) makes
@@ -82,6 +106,7 @@ impl AdminApi {
 #[tonic::async_trait]
 impl pb::admin_service_server::AdminService for AdminApi {
     async fn get_cluster(&self, request: Request<pb::GetClusterRequest>) -> Result<Response<pb::ClusterInfo>, Status> {
+        self.authorize(&request, None)?;
         self.saw_epoch(&request);
         if request.into_inner().digests {
             return Ok(Response::new(self.cluster_info_with_digests().await));
@@ -90,6 +115,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
     }
 
     async fn get_shard_map(&self, request: Request<pb::GetShardMapRequest>) -> Result<Response<pb::ShardMap>, Status> {
+        self.authorize(&request, None)?;
         self.saw_epoch(&request);
         Ok(Response::new(self.shard_map().await))
     }
@@ -97,6 +123,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
     type AddNodeStream = ProgressStream;
     async fn add_node(&self, request: Request<pb::AddNodeRequest>) -> Result<Response<Self::AddNodeStream>, Status> {
         self.operable()?;
+        self.authorize(&request, Some(Scope::Admin))?;
         let req = request.into_inner();
         if req.grpc_addr.is_empty() {
             return Err(NodeError::invalid("grpc_addr", "give the new node's gRPC address, host:port").into());
@@ -110,6 +137,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         request: Request<pb::RemoveNodeRequest>,
     ) -> Result<Response<Self::RemoveNodeStream>, Status> {
         self.operable()?;
+        self.authorize(&request, Some(Scope::Admin))?;
         let id = request.into_inner().node_id;
         Ok(self.spawn_op(move |node, rep| ops::remove_node(node, id, false, rep)))
     }
@@ -120,6 +148,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         request: Request<pb::DecommissionNodeRequest>,
     ) -> Result<Response<Self::DecommissionNodeStream>, Status> {
         self.operable()?;
+        self.authorize(&request, Some(Scope::Admin))?;
         let id = request.into_inner().node_id;
         Ok(self.spawn_op(move |node, rep| ops::remove_node(node, id, true, rep)))
     }
@@ -130,6 +159,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         request: Request<pb::MoveShardRequest>,
     ) -> Result<Response<Self::MoveShardStream>, Status> {
         self.operable()?;
+        self.authorize(&request, Some(Scope::Admin))?;
         let req = request.into_inner();
         Ok(self.spawn_op(move |node, rep| ops::move_shard(node, req.shard, req.from_node, req.to_node, rep)))
     }
@@ -141,6 +171,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         request: Request<pb::TransferLeaderRequest>,
     ) -> Result<Response<pb::TransferLeaderResponse>, Status> {
         self.operable()?;
+        self.authorize(&request, Some(Scope::Admin))?;
         let req = request.into_inner();
         let ctx = self.node.shard(req.shard)?;
         let metrics = ctx.raft.metrics().borrow_watched().clone();
@@ -177,7 +208,88 @@ impl pb::admin_service_server::AdminService for AdminApi {
         request: Request<pb::RebalanceRequest>,
     ) -> Result<Response<Self::RebalanceStream>, Status> {
         self.operable()?;
+        self.authorize(&request, Some(Scope::Admin))?;
         let dry_run = request.into_inner().dry_run;
         Ok(self.spawn_op(move |node, rep| ops::rebalance(node, dry_run, rep)))
+    }
+
+    async fn create_token(
+        &self,
+        request: Request<pb::CreateTokenRequest>,
+    ) -> Result<Response<pb::CreateTokenResponse>, Status> {
+        self.operable()?;
+        self.authorize(&request, Some(Scope::Admin))?;
+        let req = request.into_inner();
+        let mut scopes = Vec::new();
+        for name in &req.scopes {
+            let scope = Scope::parse(name).ok_or_else(|| {
+                NodeError::invalid("scopes", format!("{name:?} is not one of timers:write, timers:read, pull, admin"))
+            })?;
+            scopes.push(scope);
+        }
+        scopes.sort();
+        scopes.dedup();
+        let (id, token, secret_sha256) = crate::auth::new_token();
+        let record = TokenRecord {
+            secret_sha256,
+            scopes,
+            namespaces: req.namespaces.iter().map(|n| n.trim().to_string()).collect(),
+            label: req.label,
+            created_at_ms: self.node.clock.now_ms(),
+        };
+        record.check().map_err(|e| NodeError::invalid("scopes", e))?;
+        let cmd = ClusterCommand::Token(TokenChange::Create { id: id.clone(), record });
+        match crate::control::meta::propose(&self.node, cmd).await? {
+            ClusterOutcome::Changed { epoch } => {
+                crate::control::meta::announce(&self.node, epoch).await;
+                Ok(Response::new(pb::CreateTokenResponse { id, token, map_epoch: epoch }))
+            }
+            ClusterOutcome::Unchanged { .. } => Err(NodeError::Internal("the token was not stored".into()).into()),
+            ClusterOutcome::Refused { error, .. } => Err(NodeError::FailedPrecondition(error.to_string()).into()),
+        }
+    }
+
+    async fn list_tokens(
+        &self,
+        request: Request<pb::ListTokensRequest>,
+    ) -> Result<Response<pb::ListTokensResponse>, Status> {
+        self.operable()?;
+        self.authorize(&request, Some(Scope::Admin))?;
+        let map = crate::control::meta::read_latest(&self.node).await?;
+        let tokens = map
+            .tokens
+            .iter()
+            .map(|(id, t)| pb::TokenInfo {
+                id: id.clone(),
+                scopes: t.scopes.iter().map(|s| s.name().to_string()).collect(),
+                namespaces: t.namespaces.clone(),
+                label: t.label.clone(),
+                created_at_ms: t.created_at_ms,
+            })
+            .collect();
+        Ok(Response::new(pb::ListTokensResponse { tokens }))
+    }
+
+    async fn revoke_token(
+        &self,
+        request: Request<pb::RevokeTokenRequest>,
+    ) -> Result<Response<pb::RevokeTokenResponse>, Status> {
+        self.operable()?;
+        self.authorize(&request, Some(Scope::Admin))?;
+        let id = request.into_inner().id;
+        if !tocsin_core::auth::valid_token_id(&id) {
+            return Err(NodeError::invalid("id", "a token id: 1 to 32 letters, digits or -").into());
+        }
+        let cmd = ClusterCommand::Token(TokenChange::Revoke { id });
+        match crate::control::meta::propose(&self.node, cmd).await? {
+            ClusterOutcome::Changed { epoch } => {
+                crate::control::meta::announce(&self.node, epoch).await;
+                Ok(Response::new(pb::RevokeTokenResponse { revoked: true, map_epoch: epoch }))
+            }
+            ClusterOutcome::Unchanged { epoch } => {
+                Ok(Response::new(pb::RevokeTokenResponse { revoked: false, map_epoch: epoch }))
+            }
+            ClusterOutcome::Refused { error, .. } => Err(NodeError::FailedPrecondition(error.to_string()).into()),
+        }
     }
 }

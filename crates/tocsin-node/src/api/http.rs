@@ -74,9 +74,45 @@ pub fn router(node: Arc<NodeState>) -> Router {
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics_text))
         .fallback(|| async { error_response(tonic::Code::NotFound, "no such route", "") })
+        .layer(axum::middleware::from_fn_with_state(state.node.clone(), carry_authorization))
         .layer(DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::map_response(move |resp: Response| async move { json_413(resp, max_body) }))
         .with_state(state)
+}
+
+tokio::task_local! {
+    /// The `Authorization` header of the HTTP request being served.
+    static AUTHORIZATION: Option<axum::http::HeaderValue>;
+}
+
+/// Refuses an API call (`/v1/…`) whose token is missing or unknown before
+/// its body is even parsed, and keeps the `Authorization` header where
+/// [`rpc`] finds it, so the handler's call into the API checks the token's
+/// scopes. Probes and metrics stay open.
+async fn carry_authorization(
+    State(node): State<Arc<NodeState>>,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let value = request.headers().get(axum::http::header::AUTHORIZATION).cloned();
+    if request.uri().path().starts_with("/v1/") {
+        let bearer = value.as_ref().and_then(|v| v.to_str().ok()).and_then(crate::auth::bearer_in);
+        if let Err(e) = node.authority.check(&node.map.get(), bearer, None, &[]) {
+            return status_response(e.into());
+        }
+    }
+    AUTHORIZATION.scope(value, next.run(request)).await
+}
+
+/// `message` as an API call, with the HTTP caller's bearer token.
+fn rpc<T>(message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    if let Ok(Some(value)) = AUTHORIZATION.try_with(Clone::clone)
+        && let Ok(value) = tonic::metadata::AsciiMetadataValue::try_from(value.as_bytes())
+    {
+        request.metadata_mut().insert("authorization", value);
+    }
+    request
 }
 
 /// axum answers an oversized body with plain text; give it the API's JSON
@@ -152,7 +188,7 @@ async fn create(State(s): State<HttpState>, body: Bytes) -> Response {
     if let Some(resp) = fire_time_error(req.fire_at_ms, req.delay_ms, "") {
         return resp;
     }
-    match s.timers.create_timer(tonic::Request::new(req.into_proto())).await {
+    match s.timers.create_timer(rpc(req.into_proto())).await {
         Ok(resp) => {
             let resp = resp.into_inner();
             let status = if resp.created { StatusCode::CREATED } else { StatusCode::OK };
@@ -174,7 +210,7 @@ async fn create_batch(State(s): State<HttpState>, body: Bytes) -> Response {
         }
     }
     let timers = req.timers.into_iter().map(CreateTimerJson::into_proto).collect();
-    match s.timers.create_timers(tonic::Request::new(pb::CreateTimersRequest { timers })).await {
+    match s.timers.create_timers(rpc(pb::CreateTimersRequest { timers })).await {
         Ok(resp) => {
             let results: Vec<serde_json::Value> = resp
                 .into_inner()
@@ -197,7 +233,7 @@ async fn create_batch(State(s): State<HttpState>, body: Bytes) -> Response {
 }
 
 async fn get_timer(State(s): State<HttpState>, Path((namespace, id)): Path<(String, String)>) -> Response {
-    match s.timers.get_timer(tonic::Request::new(pb::GetTimerRequest { namespace, id })).await {
+    match s.timers.get_timer(rpc(pb::GetTimerRequest { namespace, id })).await {
         Ok(resp) => {
             Json(json!({ "timer": resp.into_inner().timer.as_ref().map(TimerJson::from_proto) })).into_response()
         }
@@ -207,7 +243,7 @@ async fn get_timer(State(s): State<HttpState>, Path((namespace, id)): Path<(Stri
 
 async fn cancel(State(s): State<HttpState>, Path((namespace, id)): Path<(String, String)>) -> Response {
     let key = format!("{namespace}/{id}");
-    match s.timers.cancel_timer(tonic::Request::new(pb::CancelTimerRequest { namespace, id })).await {
+    match s.timers.cancel_timer(rpc(pb::CancelTimerRequest { namespace, id })).await {
         Ok(resp) => {
             let resp = resp.into_inner();
             let outcome = pb::cancel_timer_response::Outcome::try_from(resp.outcome)
@@ -262,7 +298,7 @@ async fn action(State(s): State<HttpState>, Path((namespace, id)): Path<(String,
         expected_generation: req.expected_generation,
         fire_time,
     };
-    match s.timers.reschedule_timer(tonic::Request::new(request)).await {
+    match s.timers.reschedule_timer(rpc(request)).await {
         Ok(resp) => {
             Json(json!({ "timer": resp.into_inner().timer.as_ref().map(TimerJson::from_proto) })).into_response()
         }
@@ -279,7 +315,7 @@ async fn list(
         Ok(request) => request,
         Err(e) => return error_response(tonic::Code::InvalidArgument, &e.message, &e.field),
     };
-    match s.timers.list_timers(tonic::Request::new(request)).await {
+    match s.timers.list_timers(rpc(request)).await {
         Ok(resp) => {
             let resp = resp.into_inner();
             let timers: Vec<TimerJson> = resp.timers.iter().map(TimerJson::from_proto).collect();
@@ -290,7 +326,7 @@ async fn list(
 }
 
 async fn horizon(State(s): State<HttpState>, Path(namespace): Path<String>) -> Response {
-    match s.timers.get_horizon(tonic::Request::new(pb::GetHorizonRequest { namespace })).await {
+    match s.timers.get_horizon(rpc(pb::GetHorizonRequest { namespace })).await {
         Ok(resp) => {
             let h = resp.into_inner();
             Json(json!({
@@ -308,6 +344,7 @@ async fn horizon(State(s): State<HttpState>, Path(namespace): Path<String>) -> R
 }
 
 async fn cluster(State(s): State<HttpState>) -> Response {
+    // Any known token may read the cluster (checked on the way in).
     let info = s.admin.cluster_info().await;
     let nodes: Vec<serde_json::Value> = info
         .nodes

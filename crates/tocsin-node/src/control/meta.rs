@@ -412,3 +412,26 @@ async fn bootstrap(node: &NodeState) {
         Err(e) => tracing::warn!(error = %e, "bootstrapping the cluster map"),
     }
 }
+
+/// Tells every other node that map `epoch` exists, so each refreshes its
+/// cache now instead of at its next round (a revoked token is refused
+/// everywhere within about a second). Best effort: a node that does not
+/// answer refreshes on its own round.
+pub async fn announce(node: &NodeState, epoch: u64) {
+    let map = node.map.get();
+    let mut addrs: BTreeMap<u64, String> = node.router.known().into_iter().collect();
+    for (id, n) in &map.nodes {
+        if n.status != NodeStatus::Removed && !n.peer_addr.is_empty() {
+            addrs.insert(*id, n.peer_addr.clone());
+        }
+    }
+    addrs.remove(&node.node_id);
+    let tells = addrs.into_values().map(|addr| async move {
+        let channel = node.forwarder.channel(&addr)?;
+        let mut admin = tocsin_proto::v1::admin_service_client::AdminServiceClient::new(channel);
+        let mut request = tonic::Request::new(pb::GetShardMapRequest {});
+        request.metadata_mut().insert(tocsin_contract::headers::MAP_EPOCH, epoch.into());
+        tokio::time::timeout(META_RPC_TIMEOUT, admin.get_shard_map(request)).await.ok()?.ok()
+    });
+    futures::future::join_all(tells).await;
+}

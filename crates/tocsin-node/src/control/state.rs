@@ -41,6 +41,8 @@ pub struct NodeState {
     pub config: Arc<NodeConfig>,
     pub node_id: u64,
     pub self_addr: NodeAddr,
+    /// Who may call the client ports (`auth.rs`).
+    pub authority: crate::auth::Authority,
     /// The node's guarded wall clock (`clock.rs`): every time a timer sees.
     pub clock: Arc<Clock>,
     pub store: Arc<Store>,

@@ -47,6 +47,7 @@ impl Cluster {
             // Test receivers listen on loopback, which the SSRF guard
             // refuses unless allowed.
             config.delivery.webhook_allow = vec!["127.0.0.0/8".into()];
+            config.auth.mode = tocsin_node::config::AuthMode::Open;
             tune(i, &mut config);
             async move { Node::start(config, None).await.expect("node starts") }
         });

@@ -30,6 +30,7 @@ use crate::error::NodeError;
 use crate::forward;
 use crate::forward::is_forwarded;
 use crate::shard::ShardCtx;
+use tocsin_core::auth::Scope;
 
 mod pull;
 mod read;
@@ -39,11 +40,31 @@ mod write;
 #[derive(Clone)]
 pub struct TimerApi {
     node: Arc<NodeState>,
+    /// Whether calls are checked against bearer tokens (the client ports);
+    /// the peer port's forwarded requests were checked where they entered.
+    authorize: bool,
 }
 
 impl TimerApi {
+    /// The client ports' API: every call's token is checked.
     pub fn new(node: Arc<NodeState>) -> TimerApi {
-        TimerApi { node }
+        TimerApi { node, authorize: true }
+    }
+
+    /// The peer port's API: requests forwarded by other nodes.
+    pub fn for_peers(node: Arc<NodeState>) -> TimerApi {
+        TimerApi { node, authorize: false }
+    }
+
+    /// Refuses the call unless its token grants `scope` on every one of
+    /// `namespaces` (see `auth.rs`).
+    fn authorize<T>(&self, request: &Request<T>, scope: Scope, namespaces: &[&str]) -> Result<(), Status> {
+        if !self.authorize {
+            return Ok(());
+        }
+        let map = self.node.map.get();
+        let bearer = crate::auth::bearer_of(request.metadata());
+        self.node.authority.check(&map, bearer, Some(scope), namespaces).map_err(Status::from)
     }
 
     fn limits(&self) -> &tocsin_core::Limits {
@@ -153,6 +174,7 @@ impl pb::timer_service_server::TimerService for TimerApi {
         &self,
         request: Request<pb::CreateTimerRequest>,
     ) -> Result<Response<pb::CreateTimerResponse>, Status> {
+        self.authorize(&request, Scope::TimersWrite, &[&request.get_ref().namespace])?;
         let forwarded = is_forwarded(&request);
         let map_epoch = forward::map_epoch(&request);
         let req = request.into_inner();
@@ -167,12 +189,16 @@ impl pb::timer_service_server::TimerService for TimerApi {
         &self,
         request: Request<pb::CreateTimersRequest>,
     ) -> Result<Response<pb::CreateTimersResponse>, Status> {
+        let namespaces: std::collections::BTreeSet<&str> =
+            request.get_ref().timers.iter().map(|t| t.namespace.as_str()).collect();
+        self.authorize(&request, Scope::TimersWrite, &namespaces.into_iter().collect::<Vec<_>>())?;
         let forwarded = is_forwarded(&request);
         let map_epoch = forward::map_epoch(&request);
         self.create_timers_routed(request.into_inner().timers, map_epoch, forwarded).await
     }
 
     async fn get_timer(&self, request: Request<pb::GetTimerRequest>) -> Result<Response<pb::GetTimerResponse>, Status> {
+        self.authorize(&request, Scope::TimersRead, &[&request.get_ref().namespace])?;
         let forwarded = is_forwarded(&request);
         let map_epoch = forward::map_epoch(&request);
         let req = request.into_inner();
@@ -185,6 +211,7 @@ impl pb::timer_service_server::TimerService for TimerApi {
         &self,
         request: Request<pb::ListTimersRequest>,
     ) -> Result<Response<pb::ListTimersResponse>, Status> {
+        self.authorize(&request, Scope::TimersRead, &[&request.get_ref().namespace])?;
         let forwarded = is_forwarded(&request);
         let only = forward::only_shard(&request);
         let req = request.into_inner();
@@ -195,6 +222,7 @@ impl pb::timer_service_server::TimerService for TimerApi {
         &self,
         request: Request<pb::CancelTimerRequest>,
     ) -> Result<Response<pb::CancelTimerResponse>, Status> {
+        self.authorize(&request, Scope::TimersWrite, &[&request.get_ref().namespace])?;
         let forwarded = is_forwarded(&request);
         let map_epoch = forward::map_epoch(&request);
         let req = request.into_inner();
@@ -208,6 +236,7 @@ impl pb::timer_service_server::TimerService for TimerApi {
         &self,
         request: Request<pb::RescheduleTimerRequest>,
     ) -> Result<Response<pb::RescheduleTimerResponse>, Status> {
+        self.authorize(&request, Scope::TimersWrite, &[&request.get_ref().namespace])?;
         let forwarded = is_forwarded(&request);
         let map_epoch = forward::map_epoch(&request);
         let req = request.into_inner();
@@ -225,11 +254,13 @@ impl pb::timer_service_server::TimerService for TimerApi {
     type ReserveStream = ReserveStream;
 
     async fn reserve(&self, request: Request<pb::ReserveRequest>) -> Result<Response<Self::ReserveStream>, Status> {
+        self.authorize(&request, Scope::Pull, &[&request.get_ref().namespace])?;
         let local_only = forward::is_local_only(&request) || is_forwarded(&request);
         self.reserve_stream(request.into_inner(), local_only).map(Response::new).map_err(Status::from)
     }
 
     async fn ack(&self, request: Request<pb::AckRequest>) -> Result<Response<pb::AckResponse>, Status> {
+        self.authorize(&request, Scope::Pull, &namespaces_of(&request.get_ref().deliveries))?;
         let forwarded = is_forwarded(&request);
         let map_epoch = forward::map_epoch(&request);
         let refs = request.into_inner().deliveries;
@@ -238,6 +269,7 @@ impl pb::timer_service_server::TimerService for TimerApi {
     }
 
     async fn nack(&self, request: Request<pb::NackRequest>) -> Result<Response<pb::NackResponse>, Status> {
+        self.authorize(&request, Scope::Pull, &namespaces_of(&request.get_ref().deliveries))?;
         let forwarded = is_forwarded(&request);
         let map_epoch = forward::map_epoch(&request);
         let req = request.into_inner();
@@ -250,11 +282,18 @@ impl pb::timer_service_server::TimerService for TimerApi {
         &self,
         request: Request<pb::GetHorizonRequest>,
     ) -> Result<Response<pb::GetHorizonResponse>, Status> {
+        self.authorize(&request, Scope::TimersRead, &[&request.get_ref().namespace])?;
         let forwarded = is_forwarded(&request);
         let only = forward::only_shard(&request);
         let req = request.into_inner();
         self.horizon(&req.namespace, forwarded, only).await.map(Response::new).map_err(Status::from)
     }
+}
+
+/// The distinct namespaces of `refs`.
+fn namespaces_of(refs: &[pb::DeliveryRef]) -> Vec<&str> {
+    let set: std::collections::BTreeSet<&str> = refs.iter().map(|r| r.namespace.as_str()).collect();
+    set.into_iter().collect()
 }
 
 /// A sub-request forwarded to another shard's leader failed: the caller
