@@ -25,12 +25,18 @@ project=tocsin-smoke
 export TOCSIN_IMAGE=tocsin:smoke
 dc() { "${compose[@]}" -p "$project" -f deploy/docker-compose.yml "$@"; }
 net="${project}_tocsin"
-run() { docker run --rm --network "$net" "$TOCSIN_IMAGE" "$@"; }
+# Tokens on, as in the compose file: a fresh bootstrap token for this run,
+# which the load and the CLI present.
+token_file="$(mktemp)"
+head -c 32 /dev/urandom | base64 > "$token_file"
+export TOCSIN_BOOTSTRAP_TOKEN="$token_file"
+token="$(cat "$token_file")"
+run() { docker run --rm --network "$net" "$TOCSIN_IMAGE" --token "$token" "$@"; }
 cleanup() {
   docker rm -f "$project-bench" >/dev/null 2>&1 || true
   dc down -v --remove-orphans >/dev/null 2>&1 || true
 }
-trap cleanup EXIT
+trap 'cleanup; rm -f "$token_file"' EXIT
 cleanup
 
 echo "== docker smoke: image"
@@ -52,7 +58,7 @@ echo "   3 nodes healthy"
 
 echo "== docker smoke: load (600 timers over 15 s, due 5 s after creation, 10% cancelled)"
 docker run -d --name "$project-bench" --network "$net" --network-alias bench "$TOCSIN_IMAGE" \
-  bench fire --addr n1:7070 --addr n2:7070 --addr n3:7070 --rate 40 --seconds 15 --delay-ms 5000 \
+  --token "$token" bench fire --addr n1:7070 --addr n2:7070 --addr n3:7070 --rate 40 --seconds 15 --delay-ms 5000 \
   --sink 0.0.0.0:9100 --sink-advertise bench:9100 --quiet --namespace smoke >/dev/null
 sleep 6
 status=$(run cluster status --addr n2:7070 --addr n3:7070 --json)

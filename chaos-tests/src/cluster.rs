@@ -23,6 +23,41 @@ pub const GRPC_PORT: u16 = 7070;
 pub const HTTP_PORT: u16 = 7071;
 /// The peer port: Raft, replica control and forwarding between nodes.
 pub const PEER_PORT: u16 = 7072;
+
+/// The nodes' bootstrap token (`auth.bootstrap_token_file`): the harness's
+/// admin commands and observers use it; the load uses a scoped token made
+/// with it (`LOAD_TOKEN`). The cluster checks tokens like a production one.
+pub const BOOTSTRAP_TOKEN: &str = "chaos-harness-bootstrap-token-0123456789abcdef";
+
+/// The load's token: `timers:write,timers:read,pull` on every namespace,
+/// created with `tocsin admin token create` once each cluster is up.
+static LOAD_TOKEN: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+
+pub fn load_token() -> Option<String> {
+    LOAD_TOKEN.lock().expect("token lock").clone()
+}
+
+/// Creates the load's scoped token on the cluster at `addrs`.
+pub fn make_load_token(tocsin: &Path, dir: &Path, addrs: &[String]) -> anyhow::Result<()> {
+    let args = [
+        "token",
+        "create",
+        "--scope",
+        "timers:write,timers:read,pull",
+        "--namespace",
+        "*",
+        "--label",
+        "chaos-load",
+        "--json",
+    ];
+    let (ok, out) = run_admin(tocsin, dir, addrs, &args)?;
+    anyhow::ensure!(ok, "creating the load's token failed: {out}");
+    let line = out.lines().find(|l| l.starts_with('{')).context("no JSON from token create")?;
+    let v: serde_json::Value = serde_json::from_str(line)?;
+    let token = v["token"].as_str().context("no token in the answer")?.to_string();
+    *LOAD_TOKEN.lock().expect("token lock") = Some(token);
+    Ok(())
+}
 pub const SINK_PORT: u16 = 9000;
 
 /// How a scenario wants its nodes and receivers started.
@@ -156,7 +191,7 @@ pub struct Cluster {
     pub deliveries: PathBuf,
     /// The second receiver's endpoint and records, when started.
     pub sink2: Option<(String, PathBuf)>,
-    tocsin: PathBuf,
+    pub tocsin: PathBuf,
     dir: PathBuf,
     shards: u32,
     options: NodeOptions,
@@ -166,6 +201,7 @@ impl Cluster {
     /// Starts the receivers and three nodes (hosts named n1..n3 in `net`).
     pub fn start(net: &Net, tocsin: &Path, dir: &Path, shards: u32, options: &NodeOptions) -> anyhow::Result<Cluster> {
         std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join("bootstrap-token"), format!("{BOOTSTRAP_TOKEN}\n"))?;
         let deliveries = dir.join("deliveries.ndjson");
         let sink_host = net.host("sink");
         let mut cluster = Cluster {
@@ -272,9 +308,9 @@ impl Cluster {
             // 200 ms, below the 1 s floor a production node keeps: the
             // lateness bounds measure failover, not the backoff floor.
             ("TOCSIN_LIMITS__MIN_BACKOFF_MS".to_string(), "200".to_string()),
-            // The driver, the observers and the admin commands carry no
-            // token: the cluster runs open on the harness's own network.
-            ("TOCSIN_AUTH__MODE".to_string(), "open".to_string()),
+            // Tokens on, as in production (see `BOOTSTRAP_TOKEN`).
+            ("TOCSIN_AUTH__MODE".to_string(), "tokens".to_string()),
+            ("TOCSIN_AUTH__BOOTSTRAP_TOKEN_FILE".to_string(), self.dir.join("bootstrap-token").display().to_string()),
         ];
         env.extend(self.options.env.iter().cloned());
         if self.options.clock_files {
@@ -365,7 +401,7 @@ impl Drop for Cluster {
 /// `admin.log` in `dir`; returns whether it succeeded, and its output.
 pub fn run_admin(tocsin: &Path, dir: &Path, addrs: &[String], args: &[&str]) -> anyhow::Result<(bool, String)> {
     let mut cmd = Command::new(tocsin);
-    cmd.arg("admin");
+    cmd.env("TOCSIN_TOKEN", BOOTSTRAP_TOKEN).arg("admin");
     for a in addrs {
         cmd.args(["--addr", a]);
     }
@@ -383,10 +419,9 @@ pub async fn node_info(addr: &str, digests: bool) -> Option<pb::ClusterInfo> {
         tonic::transport::Endpoint::from_shared(format!("http://{addr}")).ok()?.connect_timeout(Duration::from_secs(1));
     let channel = tokio::time::timeout(Duration::from_secs(2), endpoint.connect()).await.ok()?.ok()?;
     let mut admin = pb::admin_service_client::AdminServiceClient::new(channel);
-    let info = tokio::time::timeout(Duration::from_secs(20), admin.get_cluster(pb::GetClusterRequest { digests }))
-        .await
-        .ok()?
-        .ok()?;
+    let mut request = tonic::Request::new(pb::GetClusterRequest { digests });
+    request.metadata_mut().insert("authorization", format!("Bearer {BOOTSTRAP_TOKEN}").parse().ok()?);
+    let info = tokio::time::timeout(Duration::from_secs(20), admin.get_cluster(request)).await.ok()?.ok()?;
     Some(info.into_inner())
 }
 

@@ -92,6 +92,7 @@ pub async fn client(seeds: Vec<String>) -> anyhow::Result<Client> {
         max_attempts: 30,
         initial_backoff: Duration::from_millis(20),
         max_backoff: Duration::from_millis(500),
+        token: Some(crate::cluster::load_token().unwrap_or_else(|| crate::cluster::BOOTSTRAP_TOKEN.to_string())),
         ..Default::default()
     };
     Ok(Client::with_options(seeds, options).await?)

@@ -11,7 +11,12 @@ fn http() -> reqwest::Client {
     // reqwest is built without a TLS provider (see the workspace manifest);
     // install ring's before the first client. Err: one is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();
-    reqwest::Client::builder().timeout(Duration::from_secs(5)).build().expect("an HTTP client")
+    // Every node call carries the harness's token (probes and metrics need
+    // none; the receivers ignore it).
+    let mut headers = reqwest::header::HeaderMap::new();
+    let bearer = format!("Bearer {}", crate::cluster::BOOTSTRAP_TOKEN);
+    headers.insert(reqwest::header::AUTHORIZATION, bearer.parse().expect("an ASCII token"));
+    reqwest::Client::builder().timeout(Duration::from_secs(5)).default_headers(headers).build().expect("an HTTP client")
 }
 
 /// GETs `url`'s body.

@@ -233,6 +233,7 @@ pub async fn execute(
 async fn drive(scenario: &dyn Scenario, run: &mut Run) -> anyhow::Result<(Report, Live, Vec<String>)> {
     let shards = run.shards();
     wait_started(run).await?;
+    crate::cluster::make_load_token(&run.cluster.tocsin, &run.dir, &run.seeds)?;
     scenario.setup(run).await?;
     run.client = Some(driver::client(run.seeds.clone()).await?);
     // However this scenario ends (an error included), its load stops: it

@@ -304,7 +304,17 @@ async fn add_node_steps(
     http_addr: String,
     rep: &mut Reporter,
 ) -> Result<(), NodeError> {
-    let info = fetch_info(node, &grpc_addr).await?;
+    // A node the map already names (a re-run of an interrupted add) holds
+    // the map and checks tokens on its client port: ask it on its peer
+    // port. A new node knows no cluster yet and answers reads anywhere.
+    let known_peer = node
+        .map
+        .get()
+        .nodes
+        .values()
+        .find(|n| n.grpc_addr == grpc_addr && !n.peer_addr.is_empty())
+        .map(|n| n.peer_addr.clone());
+    let info = fetch_info(node, known_peer.as_deref().unwrap_or(&grpc_addr)).await?;
     let new = info.node_id;
     if info.num_shards != node.config.num_shards {
         return Err(NodeError::FailedPrecondition(format!(
