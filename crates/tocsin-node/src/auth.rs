@@ -63,6 +63,11 @@ impl Authority {
         }
         let unknown = || NodeError::Unauthenticated("unknown or revoked token".into());
         let (id, secret) = parse(bearer).ok_or_else(unknown)?;
+        if !map.is_bootstrapped() {
+            // Just started, the cluster map (and its tokens) not loaded yet:
+            // a moment, not a verdict on the token.
+            return Err(NodeError::unavailable("this node has not loaded the cluster's tokens yet; retry", 200));
+        }
         let record = map.tokens.get(id).ok_or_else(unknown)?;
         if !same(&record.secret_sha256, &sha256(secret)) {
             return Err(unknown());
@@ -144,6 +149,10 @@ mod tests {
         let (id, token, hash) = new_token();
         assert_eq!(parse(&token).map(|(i, _)| i), Some(id.as_str()));
         let mut map = ClusterMap::default();
+        let a = authority(AuthMode::Tokens, Some("a-bootstrap-secret-of-32-characters!"));
+        let early = a.check(&map, Some(&token), Some(Scope::TimersWrite), &["orders"]).unwrap_err();
+        assert_eq!(early.code(), tonic::Code::Unavailable, "no map loaded yet: retry, not refused");
+        map.epoch = 1;
         map.tokens.insert(
             id.clone(),
             TokenRecord {
@@ -154,7 +163,6 @@ mod tests {
                 created_at_ms: 0,
             },
         );
-        let a = authority(AuthMode::Tokens, Some("a-bootstrap-secret-of-32-characters!"));
         let code = |r: Result<(), NodeError>| r.err().map(|e| e.code());
         let write = Some(Scope::TimersWrite);
         assert_eq!(code(a.check(&map, Some(&token), write, &["orders"])), None);

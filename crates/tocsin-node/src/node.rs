@@ -387,7 +387,15 @@ async fn serve_client_grpc(state: Arc<NodeState>, listener: TcpListener, mut shu
         .max_decoding_message_size(max)
         .max_encoding_message_size(64 << 20);
     let admin = pb::admin_service_server::AdminServiceServer::new(AdminApi::new(state.clone()));
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // `Server::tcp_nodelay` applies only to listeners tonic binds itself:
+    // set it on each accepted connection, or a small answer waits out the
+    // peer's delayed ACK (about 40 ms per call, measured: 23 creates/s at
+    // concurrency 1 instead of hundreds).
+    let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |conn| {
+        conn.inspect(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        })
+    });
     let result = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(timers)
