@@ -50,14 +50,24 @@ pub fn make_load_token(tocsin: &Path, dir: &Path, addrs: &[String]) -> anyhow::R
         "chaos-load",
         "--json",
     ];
-    let (ok, out) = run_admin(tocsin, dir, addrs, &args)?;
-    anyhow::ensure!(ok, "creating the load's token failed: {out}");
+    // A new cluster's shards may have leaders before its metadata group
+    // has written the first map: try for a while.
+    let started = Instant::now();
+    let out = loop {
+        let (ok, out) = run_admin(tocsin, dir, addrs, &args)?;
+        if ok {
+            break out;
+        }
+        anyhow::ensure!(started.elapsed() < Duration::from_secs(20), "creating the load's token failed: {out}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
     let line = out.lines().find(|l| l.starts_with('{')).context("no JSON from token create")?;
     let v: serde_json::Value = serde_json::from_str(line)?;
     let token = v["token"].as_str().context("no token in the answer")?.to_string();
     *LOAD_TOKEN.lock().expect("token lock") = Some(token);
     Ok(())
 }
+
 pub const SINK_PORT: u16 = 9000;
 
 /// How a scenario wants its nodes and receivers started.

@@ -87,6 +87,18 @@ impl AdminApi {
     }
 }
 
+/// A refused token command: a cluster whose first map is still being
+/// written is a moment away (UNAVAILABLE, retried by clients); anything
+/// else is final.
+fn token_refusal(error: tocsin_core::cluster::MapError) -> NodeError {
+    match error {
+        tocsin_core::cluster::MapError::NotBootstrapped => {
+            NodeError::unavailable("the cluster map is not bootstrapped yet; retry", 200)
+        }
+        other => NodeError::FailedPrecondition(other.to_string()),
+    }
+}
+
 type ProgressStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::Progress, Status>> + Send>>;
 
 impl AdminApi {
@@ -245,7 +257,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
                 Ok(Response::new(pb::CreateTokenResponse { id, token, map_epoch: epoch }))
             }
             ClusterOutcome::Unchanged { .. } => Err(NodeError::Internal("the token was not stored".into()).into()),
-            ClusterOutcome::Refused { error, .. } => Err(NodeError::FailedPrecondition(error.to_string()).into()),
+            ClusterOutcome::Refused { error, .. } => Err(token_refusal(error).into()),
         }
     }
 
@@ -289,7 +301,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
             ClusterOutcome::Unchanged { epoch } => {
                 Ok(Response::new(pb::RevokeTokenResponse { revoked: false, map_epoch: epoch }))
             }
-            ClusterOutcome::Refused { error, .. } => Err(NodeError::FailedPrecondition(error.to_string()).into()),
+            ClusterOutcome::Refused { error, .. } => Err(token_refusal(error).into()),
         }
     }
 }
