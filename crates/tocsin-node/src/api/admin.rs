@@ -67,6 +67,26 @@ impl AdminApi {
         }
     }
 
+    /// A cluster operation or token call: the client port only, with a
+    /// token that grants `admin`.
+    fn admin_only<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        self.operable()?;
+        self.authorize(request, Some(Scope::Admin))
+    }
+
+    /// Proposes a token command and tells every node the map epoch it made;
+    /// `Some(epoch)` if it changed the map, `None` if there was nothing to do.
+    async fn propose_token(&self, change: TokenChange) -> Result<(Option<u64>, u64), Status> {
+        match crate::control::meta::propose(&self.node, ClusterCommand::Token(change)).await? {
+            ClusterOutcome::Changed { epoch } => {
+                crate::control::meta::announce(&self.node, epoch).await;
+                Ok((Some(epoch), epoch))
+            }
+            ClusterOutcome::Unchanged { epoch } => Ok((None, epoch)),
+            ClusterOutcome::Refused { error, .. } => Err(token_refusal(error).into()),
+        }
+    }
+
     fn operable(&self) -> Result<(), Status> {
         if self.operations {
             return Ok(());
@@ -134,8 +154,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
 
     type AddNodeStream = ProgressStream;
     async fn add_node(&self, request: Request<pb::AddNodeRequest>) -> Result<Response<Self::AddNodeStream>, Status> {
-        self.operable()?;
-        self.authorize(&request, Some(Scope::Admin))?;
+        self.admin_only(&request)?;
         let req = request.into_inner();
         if req.grpc_addr.is_empty() {
             return Err(NodeError::invalid("grpc_addr", "give the new node's gRPC address, host:port").into());
@@ -148,8 +167,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         &self,
         request: Request<pb::RemoveNodeRequest>,
     ) -> Result<Response<Self::RemoveNodeStream>, Status> {
-        self.operable()?;
-        self.authorize(&request, Some(Scope::Admin))?;
+        self.admin_only(&request)?;
         let id = request.into_inner().node_id;
         Ok(self.spawn_op(move |node, rep| ops::remove_node(node, id, false, rep)))
     }
@@ -159,8 +177,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         &self,
         request: Request<pb::DecommissionNodeRequest>,
     ) -> Result<Response<Self::DecommissionNodeStream>, Status> {
-        self.operable()?;
-        self.authorize(&request, Some(Scope::Admin))?;
+        self.admin_only(&request)?;
         let id = request.into_inner().node_id;
         Ok(self.spawn_op(move |node, rep| ops::remove_node(node, id, true, rep)))
     }
@@ -170,8 +187,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         &self,
         request: Request<pb::MoveShardRequest>,
     ) -> Result<Response<Self::MoveShardStream>, Status> {
-        self.operable()?;
-        self.authorize(&request, Some(Scope::Admin))?;
+        self.admin_only(&request)?;
         let req = request.into_inner();
         Ok(self.spawn_op(move |node, rep| ops::move_shard(node, req.shard, req.from_node, req.to_node, rep)))
     }
@@ -182,8 +198,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         &self,
         request: Request<pb::TransferLeaderRequest>,
     ) -> Result<Response<pb::TransferLeaderResponse>, Status> {
-        self.operable()?;
-        self.authorize(&request, Some(Scope::Admin))?;
+        self.admin_only(&request)?;
         let req = request.into_inner();
         let ctx = self.node.shard(req.shard)?;
         let metrics = ctx.raft.metrics().borrow_watched().clone();
@@ -219,8 +234,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         &self,
         request: Request<pb::RebalanceRequest>,
     ) -> Result<Response<Self::RebalanceStream>, Status> {
-        self.operable()?;
-        self.authorize(&request, Some(Scope::Admin))?;
+        self.admin_only(&request)?;
         let dry_run = request.into_inner().dry_run;
         Ok(self.spawn_op(move |node, rep| ops::rebalance(node, dry_run, rep)))
     }
@@ -229,8 +243,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         &self,
         request: Request<pb::CreateTokenRequest>,
     ) -> Result<Response<pb::CreateTokenResponse>, Status> {
-        self.operable()?;
-        self.authorize(&request, Some(Scope::Admin))?;
+        self.admin_only(&request)?;
         let req = request.into_inner();
         let mut scopes = Vec::new();
         for name in &req.scopes {
@@ -250,14 +263,9 @@ impl pb::admin_service_server::AdminService for AdminApi {
             created_at_ms: self.node.clock.now_ms(),
         };
         record.check().map_err(|e| NodeError::invalid("scopes", e))?;
-        let cmd = ClusterCommand::Token(TokenChange::Create { id: id.clone(), record });
-        match crate::control::meta::propose(&self.node, cmd).await? {
-            ClusterOutcome::Changed { epoch } => {
-                crate::control::meta::announce(&self.node, epoch).await;
-                Ok(Response::new(pb::CreateTokenResponse { id, token, map_epoch: epoch }))
-            }
-            ClusterOutcome::Unchanged { .. } => Err(NodeError::Internal("the token was not stored".into()).into()),
-            ClusterOutcome::Refused { error, .. } => Err(token_refusal(error).into()),
+        match self.propose_token(TokenChange::Create { id: id.clone(), record }).await? {
+            (Some(epoch), _) => Ok(Response::new(pb::CreateTokenResponse { id, token, map_epoch: epoch })),
+            (None, _) => Err(NodeError::Internal("the token was not stored".into()).into()),
         }
     }
 
@@ -265,8 +273,7 @@ impl pb::admin_service_server::AdminService for AdminApi {
         &self,
         request: Request<pb::ListTokensRequest>,
     ) -> Result<Response<pb::ListTokensResponse>, Status> {
-        self.operable()?;
-        self.authorize(&request, Some(Scope::Admin))?;
+        self.admin_only(&request)?;
         let map = crate::control::meta::read_latest(&self.node).await?;
         let tokens = map
             .tokens
@@ -286,22 +293,12 @@ impl pb::admin_service_server::AdminService for AdminApi {
         &self,
         request: Request<pb::RevokeTokenRequest>,
     ) -> Result<Response<pb::RevokeTokenResponse>, Status> {
-        self.operable()?;
-        self.authorize(&request, Some(Scope::Admin))?;
+        self.admin_only(&request)?;
         let id = request.into_inner().id;
         if !tocsin_core::auth::valid_token_id(&id) {
             return Err(NodeError::invalid("id", "a token id: 1 to 32 letters, digits or -").into());
         }
-        let cmd = ClusterCommand::Token(TokenChange::Revoke { id });
-        match crate::control::meta::propose(&self.node, cmd).await? {
-            ClusterOutcome::Changed { epoch } => {
-                crate::control::meta::announce(&self.node, epoch).await;
-                Ok(Response::new(pb::RevokeTokenResponse { revoked: true, map_epoch: epoch }))
-            }
-            ClusterOutcome::Unchanged { epoch } => {
-                Ok(Response::new(pb::RevokeTokenResponse { revoked: false, map_epoch: epoch }))
-            }
-            ClusterOutcome::Refused { error, .. } => Err(token_refusal(error).into()),
-        }
+        let (changed, map_epoch) = self.propose_token(TokenChange::Revoke { id }).await?;
+        Ok(Response::new(pb::RevokeTokenResponse { revoked: changed.is_some(), map_epoch }))
     }
 }

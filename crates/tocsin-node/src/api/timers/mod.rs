@@ -59,7 +59,8 @@ impl TimerApi {
     /// Refuses the call unless its token grants `scope` on every one of
     /// `namespaces` (see `auth.rs`).
     fn authorize<T>(&self, request: &Request<T>, scope: Scope, namespaces: &[&str]) -> Result<(), Status> {
-        if !self.authorize {
+        // Open nodes and the peer port: no map read on the request path.
+        if !self.authorize || self.node.authority.is_open() {
             return Ok(());
         }
         let map = self.node.map.get();
