@@ -5,7 +5,9 @@
 #   node 2  gRPC 127.0.0.1:7080  HTTP 127.0.0.1:7081  peer 127.0.0.1:7082
 #   node 3  gRPC 127.0.0.1:7090  HTTP 127.0.0.1:7091  peer 127.0.0.1:7092
 # (a node's peer port, for Raft and forwarding, defaults to its gRPC port + 2)
-# Data and logs go to ./tocsin-cluster/n{1,2,3}; a restart reuses them.
+# Data and logs go to ./tocsin-cluster/n{1,2,3}; a restart reuses them. The
+# nodes speak mTLS to each other on their peer ports, with a CA and node
+# certificates made once in ./tocsin-cluster/certs (`tocsin certs`).
 # Environment: SHARDS (default 12), DATA (default ./tocsin-cluster),
 # TOCSIN_AUTH__MODE (default open), TOCSIN_DELIVERY__WEBHOOK_ALLOW (default 127.0.0.0/8,::1/128: receivers on
 # this machine; `serve` alone refuses them, see docs/security.md).
@@ -21,6 +23,14 @@ export TOCSIN_DELIVERY__WEBHOOK_ALLOW="${TOCSIN_DELIVERY__WEBHOOK_ALLOW:-127.0.0
 # A cluster on loopback for one machine: no tokens unless asked
 # (TOCSIN_AUTH__MODE=tokens with TOCSIN_AUTH__BOOTSTRAP_TOKEN_FILE).
 export TOCSIN_AUTH__MODE="${TOCSIN_AUTH__MODE:-open}"
+
+# mTLS between the nodes: a cluster CA and a certificate per node, made on
+# the first start and reused.
+if [ ! -f "$data/certs/ca.pem" ]; then
+  "$bin" certs init --dir "$data/certs" >/dev/null
+  "$bin" certs issue --dir "$data/certs" --node 1,2,3 >/dev/null
+fi
+export TOCSIN_PEER_TLS__DIR="${TOCSIN_PEER_TLS__DIR:-$data/certs}"
 
 pids=()
 stop() {

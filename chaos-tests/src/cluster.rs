@@ -212,6 +212,7 @@ impl Cluster {
     pub fn start(net: &Net, tocsin: &Path, dir: &Path, shards: u32, options: &NodeOptions) -> anyhow::Result<Cluster> {
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join("bootstrap-token"), format!("{BOOTSTRAP_TOKEN}\n"))?;
+        make_certs(tocsin, &dir.join("certs"))?;
         let deliveries = dir.join("deliveries.ndjson");
         let sink_host = net.host("sink");
         let mut cluster = Cluster {
@@ -321,6 +322,8 @@ impl Cluster {
             // Tokens on, as in production (see `BOOTSTRAP_TOKEN`).
             ("TOCSIN_AUTH__MODE".to_string(), "tokens".to_string()),
             ("TOCSIN_AUTH__BOOTSTRAP_TOKEN_FILE".to_string(), self.dir.join("bootstrap-token").display().to_string()),
+            // mTLS between nodes, as in production (see `make_certs`).
+            ("TOCSIN_PEER_TLS__DIR".to_string(), self.dir.join("certs").display().to_string()),
         ];
         env.extend(self.options.env.iter().cloned());
         if self.options.clock_files {
@@ -404,6 +407,21 @@ impl Drop for Cluster {
             }
         }
     }
+}
+
+/// Makes the cluster's CA and certificates for every node a scenario may
+/// start (1 to 4, joiners included) with `tocsin certs`, as an operator
+/// would.
+fn make_certs(tocsin: &Path, dir: &Path) -> anyhow::Result<()> {
+    let dir_s = dir.display().to_string();
+    for args in [
+        vec!["certs", "init", "--force", "--dir", &dir_s],
+        vec!["certs", "issue", "--force", "--dir", &dir_s, "--node", "1,2,3,4"],
+    ] {
+        let out = Command::new(tocsin).args(&args).output().context("running tocsin certs")?;
+        anyhow::ensure!(out.status.success(), "tocsin {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(())
 }
 
 /// Runs `tocsin admin --addr <addrs> <args>` from the root namespace

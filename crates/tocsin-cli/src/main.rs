@@ -9,6 +9,8 @@
 
 mod admin;
 mod bench;
+#[cfg(feature = "server")]
+mod certs;
 mod cluster;
 mod probe;
 #[cfg(feature = "server")]
@@ -71,6 +73,10 @@ enum Command {
     Sink(sink::SinkArgs),
     /// Exit 0 if a node's HTTP endpoint answers /readyz (for health checks).
     Probe(probe::ProbeArgs),
+    /// Create a cluster CA and node certificates for mTLS between nodes.
+    #[cfg(feature = "server")]
+    #[command(subcommand)]
+    Certs(certs::CertsCommand),
 }
 
 fn main() -> std::process::ExitCode {
@@ -89,6 +95,8 @@ fn main() -> std::process::ExitCode {
             Command::Bench(cmd) => bench::run(cmd).await,
             Command::Sink(args) => sink::run(args).await,
             Command::Probe(args) => probe::run(args).await,
+            #[cfg(feature = "server")]
+            Command::Certs(cmd) => certs::run(cmd),
         }
     });
     match result {

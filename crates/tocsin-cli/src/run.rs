@@ -73,6 +73,10 @@ pub struct ServeArgs {
     /// cluster. Only on a network where every host is trusted.
     #[arg(long)]
     insecure_no_auth: bool,
+    /// Sets `peer_tls.dir`: mTLS between nodes with DIR/ca.pem and this
+    /// node's DIR/node-<id>.pem and .key (made by `tocsin certs`).
+    #[arg(long, value_name = "DIR")]
+    peer_tls_dir: Option<PathBuf>,
 }
 
 fn init_logging(filter: &str) {
@@ -237,6 +241,9 @@ fn serve_config(args: &ServeArgs) -> anyhow::Result<(NodeConfig, Vec<String>)> {
     if args.insecure_no_auth {
         config.auth.mode = tocsin_node::config::AuthMode::Open;
     }
+    if let Some(dir) = args.peer_tls_dir.clone() {
+        config.peer_tls.dir = Some(dir);
+    }
     config.validate().context("invalid configuration")?;
     Ok((config, ignored))
 }
@@ -258,6 +265,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
             "auth.mode is tokens with no bootstrap token: only tokens already in the cluster map are accepted (set auth.bootstrap_token_file to create the first)"
         ),
         (tocsin_node::config::AuthMode::Tokens, Some(_)) => {}
+    }
+    if config.peer_tls.dir.is_none() && config.peer_tls.ca_file.is_none() {
+        tracing::warn!(
+            "peer_tls is off: the peer port takes Raft messages and forwarded requests from anyone who reaches it; keep it on the cluster's private network, or set peer_tls.dir (tocsin certs init|issue)"
+        );
     }
     let reload: Reload = Box::new(move || Ok(serve_config(&args)?.0));
     run_until_signal(config, Some(reload), |node| {

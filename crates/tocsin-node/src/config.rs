@@ -64,6 +64,7 @@ pub struct NodeConfig {
     pub delivery: DeliveryConfig,
     pub admission: AdmissionConfig,
     pub auth: AuthConfig,
+    pub peer_tls: PeerTlsConfig,
     /// Per-namespace settings, such as the webhook signing secret.
     pub namespaces: BTreeMap<String, NamespaceConfig>,
     /// Log filter, as `RUST_LOG` (which takes precedence).
@@ -96,6 +97,7 @@ impl Default for NodeConfig {
             delivery: DeliveryConfig::default(),
             admission: AdmissionConfig::default(),
             auth: AuthConfig::default(),
+            peer_tls: PeerTlsConfig::default(),
             namespaces: BTreeMap::new(),
             log: "info".into(),
             max_clock_offset_ms: 500,
@@ -311,6 +313,34 @@ pub enum AuthMode {
     Open,
 }
 
+/// Mutual TLS on the peer port (see docs/security.md and `peer_tls.rs`):
+/// every node presents a certificate from the cluster's CA naming it
+/// (`node-<id>.peer.tocsin`) and checks its peer's. Off when nothing is
+/// set; `tocsin certs init|issue` makes the files.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct PeerTlsConfig {
+    /// A directory as `tocsin certs` writes it: `ca.pem`, and
+    /// `node-<id>.pem` and `node-<id>.key` for this node's id. The three
+    /// settings below override a file each.
+    pub dir: Option<PathBuf>,
+    /// The cluster CA's certificate (PEM): peers must present a
+    /// certificate it signed.
+    pub ca_file: Option<PathBuf>,
+    /// This node's certificate chain (PEM), naming `node-<id>.peer.tocsin`.
+    pub cert_file: Option<PathBuf>,
+    /// This node's private key (PEM).
+    pub key_file: Option<PathBuf>,
+}
+
+/// The three files of [`PeerTlsConfig`], when peer TLS is on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PeerTlsFiles {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
 /// What the node accepts.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -392,6 +422,12 @@ fn is_setting(path: &[String]) -> bool {
         let config = NodeConfig {
             peer_listen: Some(String::new()),
             auth: AuthConfig { bootstrap_token_file: Some(PathBuf::new()), ..AuthConfig::default() },
+            peer_tls: PeerTlsConfig {
+                dir: Some(PathBuf::new()),
+                ca_file: Some(PathBuf::new()),
+                cert_file: Some(PathBuf::new()),
+                key_file: Some(PathBuf::new()),
+            },
             grpc_advertise: Some(String::new()),
             http_advertise: Some(String::new()),
             peer_advertise: Some(String::new()),
@@ -442,12 +478,17 @@ impl NodeConfig {
         path: Option<&std::path::Path>,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<NodeConfig, ConfigError> {
-        Ok(NodeConfig::load_reporting(path, env)?.0)
+        let config = NodeConfig::load_reporting(path, env)?.0;
+        config.validate()?;
+        Ok(config)
     }
 
-    /// [`NodeConfig::load`], also returning the names of the `TOCSIN_*`
-    /// variables it ignored because they name no setting, for the caller to
-    /// warn about once logging is up.
+    /// [`NodeConfig::load`] without the validation, also returning the
+    /// names of the `TOCSIN_*` variables it ignored because they name no
+    /// setting, for the caller to warn about once logging is up. The caller
+    /// applies its own overrides (the command line's flags) and then calls
+    /// [`NodeConfig::validate`]: a setting completed by a flag (a file from
+    /// the environment, its directory from `--peer-tls-dir`) is judged whole.
     pub fn load_reporting(
         path: Option<&std::path::Path>,
         env: impl IntoIterator<Item = (String, String)>,
@@ -477,7 +518,6 @@ impl NodeConfig {
         }
         let config: NodeConfig =
             toml::Value::Table(doc).try_into().map_err(|e: toml::de::Error| ConfigError::Parse(e.to_string()))?;
-        config.validate()?;
         ignored.sort();
         Ok((config, ignored))
     }
@@ -547,7 +587,28 @@ impl NodeConfig {
         }
         self.signing_keys()?;
         self.bootstrap_token()?;
+        self.peer_tls_files()?;
         self.initial_members().map(|_| ())
+    }
+
+    /// Where this node's peer TLS files are, or None when peer TLS is off.
+    /// All three must be known (from `peer_tls.dir` or each setting), or
+    /// none: a half-configured TLS is an error, never plaintext.
+    pub fn peer_tls_files(&self) -> Result<Option<PeerTlsFiles>, ConfigError> {
+        let t = &self.peer_tls;
+        let id = self.node_id;
+        let from_dir = |name: String| t.dir.as_ref().map(|d| d.join(name));
+        let ca = t.ca_file.clone().or_else(|| from_dir("ca.pem".into()));
+        let cert = t.cert_file.clone().or_else(|| from_dir(format!("node-{id}.pem")));
+        let key = t.key_file.clone().or_else(|| from_dir(format!("node-{id}.key")));
+        match (ca, cert, key) {
+            (None, None, None) => Ok(None),
+            (Some(ca), Some(cert), Some(key)) => Ok(Some(PeerTlsFiles { ca, cert, key })),
+            _ => Err(ConfigError::Invalid {
+                field: "peer_tls".into(),
+                message: "set peer_tls.dir, or all of ca_file, cert_file and key_file".into(),
+            }),
+        }
     }
 
     /// The client gRPC address: `grpc_advertise`, else this node's own

@@ -148,4 +148,6 @@ pub enum StartError {
     Webhook(String),
     #[error("starting a runtime (Raft or fire): {0}")]
     Runtime(std::io::Error),
+    #[error("{0}")]
+    PeerTls(#[from] crate::peer_tls::PeerTlsError),
 }

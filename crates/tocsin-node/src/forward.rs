@@ -7,12 +7,15 @@
 //! shard-aware client sends to leaders directly and rarely pays this hop.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Duration;
 
 use tocsin_proto::v1::timer_service_client::TimerServiceClient;
 use tonic::transport::Channel;
 use tonic::transport::Endpoint;
+
+use crate::peer_tls::PeerTls;
 
 use tocsin_contract::headers::FORWARDED;
 use tocsin_contract::headers::LEADER;
@@ -29,32 +32,45 @@ pub fn mark_leader<T>(response: &mut tonic::Response<T>, leader: u64) {
 pub struct Forwarder {
     channels: Mutex<HashMap<String, Channel>>,
     timeout: Duration,
+    /// Peer ports are reached through mTLS when it is on.
+    tls: Option<Arc<PeerTls>>,
 }
 
 impl Forwarder {
-    pub fn new(timeout: Duration) -> Forwarder {
-        Forwarder { channels: Mutex::new(HashMap::new()), timeout }
+    pub fn new(timeout: Duration, tls: Option<Arc<PeerTls>>) -> Forwarder {
+        Forwarder { channels: Mutex::new(HashMap::new()), timeout, tls }
     }
 
     pub fn client(&self, addr: &str) -> Option<TimerServiceClient<Channel>> {
         Some(TimerServiceClient::new(self.channel(addr)?).max_decoding_message_size(64 << 20))
     }
 
-    /// The cached channel to the node at `addr` (any of its gRPC services),
-    /// created lazily on first use.
+    /// The cached channel to the peer port at `addr` (any of its gRPC
+    /// services), created lazily on first use.
     pub fn channel(&self, addr: &str) -> Option<Channel> {
         let mut channels = self.channels.lock().expect("channels lock");
         if let Some(c) = channels.get(addr) {
             return Some(c.clone());
         }
-        let channel = Endpoint::from_shared(format!("http://{addr}"))
-            .ok()?
-            .connect_timeout(Duration::from_secs(1))
-            .timeout(self.timeout)
-            .tcp_nodelay(true)
-            .connect_lazy();
+        let channel = crate::peer_tls::peer_channel(self.tls.as_ref(), self.endpoint(addr)?);
         channels.insert(addr.to_string(), channel.clone());
         Some(channel)
+    }
+
+    /// A channel to a node's client port at `addr`: how `node add` first
+    /// asks a new node where its peer port is. Not cached.
+    pub fn client_port_channel(&self, addr: &str) -> Option<Channel> {
+        Some(self.endpoint(addr)?.connect_lazy())
+    }
+
+    fn endpoint(&self, addr: &str) -> Option<Endpoint> {
+        Some(
+            Endpoint::from_shared(format!("http://{addr}"))
+                .ok()?
+                .connect_timeout(Duration::from_secs(1))
+                .timeout(self.timeout)
+                .tcp_nodelay(true),
+        )
     }
 
     /// A request marked as forwarded (and, optionally, for one shard).

@@ -23,7 +23,9 @@
 //! - base: [`config`] (the TOML config and its environment overrides),
 //!   [`error`] (what requests and start-up fail with), [`admission`] (rate
 //!   and disk limits), [`labels`] (metric labels from client input,
-//!   capped), [`egress`] (the SSRF guard on webhook targets), [`forward`] (channels to other nodes), [`runtime`] (the Raft
+//!   capped), [`egress`] (the SSRF guard on webhook targets),
+//!   [`forward`] (channels to other nodes), [`peer_tls`] (mTLS between
+//!   nodes), [`runtime`] (the Raft
 //!   and fire runtimes apart from the work runtime), [`clock`] (the only
 //!   wall-clock reads, and the guard against a clock that jumps or drifts
 //!   from the peers'), [`fault`] (fault points for tests, compiled out of
@@ -44,6 +46,7 @@ pub mod fault;
 pub mod forward;
 pub mod labels;
 pub mod node;
+pub mod peer_tls;
 pub mod runtime;
 pub mod shard;
 

@@ -118,6 +118,9 @@ impl Node {
             tokio::spawn(crate::control::balance::watch_health(state.clone())),
         ];
         tracing::info!(node_id = config.node_id, %grpc_addr, %http_addr, %peer_addr, shards = config.num_shards, hosted = placement.hosted.len(), metadata = placement.host_meta, data = %config.data_dir.display(), "node started");
+        if state.peer_tls.is_some() {
+            tracing::info!(name = %crate::peer_tls::node_name(config.node_id), "peer TLS on: peers must present a certificate from the cluster CA");
+        }
         Ok(Node { state, grpc_addr, http_addr, peer_addr, shutdown, servers, supervisors, raft_runtime, fire_runtime })
     }
 
@@ -332,11 +335,16 @@ fn shared_state(
     let admission = Admission::start(config.admission.clone(), config.data_dir.clone());
     admission.watch_fire_lag(fire_runtime.lag_us());
     let clock = Clock::system(config.max_clock_offset_ms);
+    let peer_tls = match config.peer_tls_files()? {
+        Some(files) => Some(crate::peer_tls::PeerTls::load(&files, node_id)?),
+        None => None,
+    };
     let router = Router::new(
         node_id,
         Duration::from_millis(config.raft.rpc_timeout_ms),
         clock.clone(),
         raft_runtime.handle().clone(),
+        peer_tls.clone(),
     );
     for m in &placement.members {
         if m.id != node_id {
@@ -365,7 +373,11 @@ fn shared_state(
         dispatcher,
         admission,
         metrics,
-        forwarder: Arc::new(Forwarder::new(Duration::from_millis(config.admission.request_timeout_ms))),
+        forwarder: Arc::new(Forwarder::new(
+            Duration::from_millis(config.admission.request_timeout_ms),
+            peer_tls.clone(),
+        )),
+        peer_tls,
         remote_view: std::sync::RwLock::new(None),
         meta: std::sync::RwLock::new(None),
         map: MapCache::default(),
@@ -435,8 +447,9 @@ async fn serve_peer_grpc(
         state.admission.disk_low_flag(),
     ));
     // Raft messages come on their own links (`link.rs`), told apart from
-    // HTTP/2 by their first byte; everything else is gRPC.
-    let incoming = crate::shard::link::split_incoming(listener, transport.clone(), raft);
+    // HTTP/2 by their first byte (or, with peer TLS, by ALPN); everything
+    // else is gRPC.
+    let incoming = crate::shard::link::split_incoming(listener, transport.clone(), raft, state.peer_tls.clone());
     let transport = pb::raft_transport_server::RaftTransportServer::from_arc(transport)
         .max_decoding_message_size(64 << 20)
         .max_encoding_message_size(64 << 20);

@@ -8,6 +8,7 @@ mod cluster_ops;
 mod egress;
 mod faults;
 mod peer_port;
+mod peer_tls;
 mod pull;
 mod routing;
 mod signing;

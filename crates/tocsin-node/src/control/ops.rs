@@ -314,7 +314,10 @@ async fn add_node_steps(
         .values()
         .find(|n| n.grpc_addr == grpc_addr && !n.peer_addr.is_empty())
         .map(|n| n.peer_addr.clone());
-    let info = fetch_info(node, known_peer.as_deref().unwrap_or(&grpc_addr)).await?;
+    let info = match &known_peer {
+        Some(peer) => fetch_info(node, peer).await?,
+        None => fetch_info_at(node, Port::Client(&grpc_addr), 0).await?,
+    };
     let new = info.node_id;
     if info.num_shards != node.config.num_shards {
         return Err(NodeError::FailedPrecondition(format!(
@@ -569,7 +572,9 @@ async fn sweep(node: &Arc<NodeState>, gone: u64) {
     let map = node.map.get();
     let Some(addr) = map.nodes.get(&gone).map(|n| n.peer_addr.clone()) else { return };
     let Ok(info) = fetch_info(node, &addr).await else { return };
-    let Ok(mut client) = crate::control::replicas::control_client(&addr, Duration::from_secs(10)).await else { return };
+    let Ok(mut client) = crate::control::replicas::control_client(node, &addr, Duration::from_secs(10)).await else {
+        return;
+    };
     for s in info.shards {
         let voters = map.replicas(s.shard).to_vec();
         if voters.is_empty() || voters.contains(&gone) {
@@ -594,7 +599,7 @@ async fn sweep(node: &Arc<NodeState>, gone: u64) {
     // has it, so that once `node remove` says done, every node says so.
     let deadline = tokio::time::Instant::now() + TELL_REMOVED_NODE;
     while tokio::time::Instant::now() < deadline {
-        match fetch_info_at(node, &addr, map.epoch).await {
+        match fetch_info_at(node, Port::Peer(&addr), map.epoch).await {
             Ok(info) if info.map_epoch >= map.epoch => return,
             Ok(_) => tokio::time::sleep(Duration::from_millis(100)).await,
             Err(_) => return, // gone already: nothing serves its stale map
@@ -607,17 +612,33 @@ async fn sweep(node: &Arc<NodeState>, gone: u64) {
 /// removed it.
 const TELL_REMOVED_NODE: Duration = Duration::from_secs(5);
 
-async fn fetch_info(node: &NodeState, grpc_addr: &str) -> Result<pb::ClusterInfo, NodeError> {
-    fetch_info_at(node, grpc_addr, 0).await
+/// Which of a node's ports a call goes to.
+#[derive(Clone, Copy)]
+enum Port<'a> {
+    /// Its peer port (through mTLS when that is on).
+    Peer(&'a str),
+    /// Its client port: only a new node's, which knows no cluster yet.
+    Client(&'a str),
 }
 
-/// [`fetch_info`], telling the node the map epoch `epoch` exists (0: none).
-async fn fetch_info_at(node: &NodeState, grpc_addr: &str, epoch: u64) -> Result<pb::ClusterInfo, NodeError> {
+/// A node's view of itself and its cluster, asked on its peer port.
+async fn fetch_info(node: &NodeState, peer_addr: &str) -> Result<pb::ClusterInfo, NodeError> {
+    fetch_info_at(node, Port::Peer(peer_addr), 0).await
+}
+
+/// [`fetch_info`] on `port`, telling the node the map epoch `epoch` exists
+/// (0: none).
+async fn fetch_info_at(node: &NodeState, port: Port<'_>, epoch: u64) -> Result<pb::ClusterInfo, NodeError> {
     use tocsin_proto::v1::admin_service_client::AdminServiceClient;
+    let (Port::Peer(grpc_addr) | Port::Client(grpc_addr)) = port;
     let unreachable = |e: String| NodeError::unavailable(format!("cannot reach the node at {grpc_addr}: {e}"), 1000);
     tonic::transport::Endpoint::from_shared(format!("http://{grpc_addr}"))
         .map_err(|e| NodeError::invalid("grpc_addr", format!("{grpc_addr:?} is not host:port: {e}")))?;
-    let channel = node.forwarder.channel(grpc_addr).ok_or_else(|| unreachable("bad address".into()))?;
+    let channel = match port {
+        Port::Peer(addr) => node.forwarder.channel(addr),
+        Port::Client(addr) => node.forwarder.client_port_channel(addr),
+    }
+    .ok_or_else(|| unreachable("bad address".into()))?;
     let mut admin = AdminServiceClient::new(channel);
     let mut request = tonic::Request::new(pb::GetClusterRequest { digests: false });
     if epoch > 0 {

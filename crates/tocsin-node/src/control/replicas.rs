@@ -143,14 +143,24 @@ pub struct Changed {
 }
 
 /// A `ReplicaControl` client for `addr`, with `timeout` on every call.
-pub async fn control_client(addr: &str, timeout: Duration) -> Result<ReplicaControlClient<Channel>, NodeError> {
+pub async fn control_client(
+    node: &NodeState,
+    addr: &str,
+    timeout: Duration,
+) -> Result<ReplicaControlClient<Channel>, NodeError> {
     let endpoint = Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| NodeError::invalid("grpc_addr", format!("{addr:?} is not an address: {e}")))?
         .connect_timeout(Duration::from_secs(2))
         .timeout(timeout)
         .tcp_nodelay(true);
-    let channel =
-        endpoint.connect().await.map_err(|e| NodeError::unavailable(format!("cannot reach {addr}: {e}"), 500))?;
+    let channel = match &node.peer_tls {
+        // Connects on the first call, which fails as `unavailable` when
+        // the peer cannot be reached or its certificate does not verify.
+        Some(tls) => tls.channel(endpoint),
+        None => {
+            endpoint.connect().await.map_err(|e| NodeError::unavailable(format!("cannot reach {addr}: {e}"), 500))?
+        }
+    };
     Ok(ReplicaControlClient::new(channel))
 }
 
@@ -213,7 +223,7 @@ pub async fn set_voters(
     let bytes_before = node.router.snapshot_bytes(group.id());
     for (id, addr) in target.iter().filter(|(id, _)| !current.contains(id)) {
         if *id != node.node_id {
-            let mut client = control_client(&addr.peer_addr, CONTROL_RPC_TIMEOUT).await?;
+            let mut client = control_client(node, &addr.peer_addr, CONTROL_RPC_TIMEOUT).await?;
             client.host_shard(group.host_request()).await.map_err(|s| {
                 NodeError::unavailable(format!("node {id} could not host a replica of {name}: {}", s.message()), 500)
             })?;
@@ -288,7 +298,7 @@ pub async fn set_voters(
             continue;
         }
         wait_matched(raft, *id, membership_index, LEARN_TIMEOUT).await;
-        if let Err(e) = release_on(&addr.peer_addr, group.release_request(membership_index)).await {
+        if let Err(e) = release_on(node, &addr.peer_addr, group.release_request(membership_index)).await {
             tracing::warn!(group = %name, node = id, error = %e, "could not release the left-out replica (node down?)");
         }
     }
@@ -334,11 +344,11 @@ async fn wait_matched(raft: &Raft, id: u64, index: u64, timeout: Duration) {
     }
 }
 
-async fn release_on(addr: &str, request: pb::ReleaseShardRequest) -> Result<bool, NodeError> {
+async fn release_on(node: &NodeState, addr: &str, request: pb::ReleaseShardRequest) -> Result<bool, NodeError> {
     if addr.is_empty() {
         return Err(NodeError::unavailable("no address known", 0));
     }
-    let mut client = control_client(addr, CONTROL_RPC_TIMEOUT).await?;
+    let mut client = control_client(node, addr, CONTROL_RPC_TIMEOUT).await?;
     let resp = client.release_shard(request).await.map_err(|s| NodeError::unavailable(s.message(), 0))?;
     Ok(resp.into_inner().released)
 }

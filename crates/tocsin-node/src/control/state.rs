@@ -64,6 +64,8 @@ pub struct NodeState {
     pub admission: Arc<Admission>,
     pub metrics: Option<PrometheusHandle>,
     pub forwarder: Arc<Forwarder>,
+    /// mTLS on the peer port (`peer_tls.rs`); None: plaintext.
+    pub peer_tls: Option<Arc<crate::peer_tls::PeerTls>>,
     /// The cluster as the other nodes report it, refreshed by the
     /// reconcile loop: where requests for the shards this node does not
     /// host go.

@@ -16,7 +16,8 @@
 //! and a `RaftLinkFrame`. Requests carry an id; replies name it and come in
 //! any order (an append that waits for its fsync does not hold up a vote).
 //! The accepting side tells a link from an HTTP/2 client by the first byte
-//! ([`split_incoming`]).
+//! ([`split_incoming`]), or with peer TLS on (`peer_tls.rs`) by ALPN; then
+//! each request's `from_node` must be a node the peer's certificate names.
 //!
 //! Failure: a connection that fails or closes fails every call waiting on
 //! it (openraft sees `Unreachable` and backs off); the next call connects
@@ -35,6 +36,7 @@ use std::time::Duration;
 use std::time::Instant;
 
 use tocsin_proto::v1 as pb;
+use tokio::io::AsyncRead;
 use tokio::io::AsyncReadExt;
 use tokio::io::AsyncWrite;
 use tokio::io::AsyncWriteExt;
@@ -44,6 +46,10 @@ use tokio::net::TcpStream;
 use tokio::sync::mpsc;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+
+use crate::peer_tls::PeerConn;
+use crate::peer_tls::PeerIo;
+use crate::peer_tls::PeerTls;
 
 // The framing itself is the contract's, fuzzed there.
 pub use tocsin_contract::link_frame::MAX_FRAME_BYTES;
@@ -122,6 +128,7 @@ pub struct LinkClient {
     runtime: tokio::runtime::Handle,
     connect_timeout: Duration,
     observer: Arc<dyn ReplyObserver>,
+    tls: Option<Arc<PeerTls>>,
     next_id: AtomicU64,
     slot: Mutex<Slot>,
 }
@@ -140,6 +147,7 @@ impl LinkClient {
         runtime: tokio::runtime::Handle,
         connect_timeout: Duration,
         observer: Arc<dyn ReplyObserver>,
+        tls: Option<Arc<PeerTls>>,
     ) -> LinkClient {
         LinkClient {
             target,
@@ -147,6 +155,7 @@ impl LinkClient {
             runtime,
             connect_timeout,
             observer,
+            tls,
             next_id: AtomicU64::new(1),
             slot: Mutex::new(Slot::default()),
         }
@@ -241,8 +250,8 @@ impl LinkClient {
 /// Connects, then writes queued requests and reads replies until either
 /// side fails.
 async fn run_client(link: Arc<LinkClient>, conn: Arc<Conn>, queue: mpsc::Receiver<pb::RaftLinkRequest>) {
-    let stream = match tokio::time::timeout(link.connect_timeout, TcpStream::connect(&link.addr)).await {
-        Ok(Ok(s)) => s,
+    let (read, mut write) = match tokio::time::timeout(link.connect_timeout, open(&link)).await {
+        Ok(Ok(halves)) => halves,
         Ok(Err(e)) => {
             tracing::debug!(target = link.target, addr = %link.addr, error = %e, "raft link: connect failed");
             link.connect_failed(&conn);
@@ -256,8 +265,6 @@ async fn run_client(link: Arc<LinkClient>, conn: Arc<Conn>, queue: mpsc::Receive
             return;
         }
     };
-    let _ = stream.set_nodelay(true);
-    let (read, mut write) = stream.into_split();
     if write.write_all(PREFACE).await.is_err() {
         link.connect_failed(&conn);
         conn.close();
@@ -300,6 +307,26 @@ async fn run_client(link: Arc<LinkClient>, conn: Arc<Conn>, queue: mpsc::Receive
     )
     .await;
     conn.close();
+}
+
+type ReadHalf = Box<dyn AsyncRead + Send + Unpin>;
+type WriteHalf = Box<dyn AsyncWrite + Send + Unpin>;
+
+/// Connects to the link's peer: TCP, then TLS for the peer's own name when
+/// peer TLS is on.
+async fn open(link: &LinkClient) -> io::Result<(ReadHalf, WriteHalf)> {
+    let stream = TcpStream::connect(&link.addr).await?;
+    let _ = stream.set_nodelay(true);
+    Ok(match &link.tls {
+        Some(tls) => {
+            let (read, write) = tokio::io::split(tls.connect_link(stream, link.target).await?);
+            (Box::new(read), Box::new(write))
+        }
+        None => {
+            let (read, write) = stream.into_split();
+            (Box::new(read), Box::new(write))
+        }
+    })
 }
 
 /// A message's share of a frame, for [`FRAME_SOFT_BYTES`].
@@ -359,12 +386,16 @@ pub trait LinkHandler: Send + Sync + 'static {
     fn handle(&self, request: pb::RaftLinkRequest) -> impl std::future::Future<Output = pb::RaftReply> + Send;
 }
 
-/// Serves one accepted link connection whose preface is next on `stream`:
+/// Serves one accepted link connection whose preface is next on `read`:
 /// each request is answered by its own task, replies are written as they
-/// come.
-pub async fn serve<H: LinkHandler>(stream: TcpStream, handler: Arc<H>) {
-    let _ = stream.set_nodelay(true);
-    let (read, mut write) = stream.into_split();
+/// come. A request whose `from_node` is not a node `peer`'s certificate
+/// names is answered with an error and not handled.
+pub async fn serve<H: LinkHandler, R: AsyncRead + Send + Unpin, W: AsyncWrite + Send + Unpin + 'static>(
+    read: R,
+    mut write: W,
+    peer: PeerConn,
+    handler: Arc<H>,
+) {
     let mut read = BufReader::with_capacity(64 << 10, read);
     let mut preface = [0u8; 8];
     if read.read_exact(&mut preface).await.is_err() || &preface != PREFACE {
@@ -380,6 +411,24 @@ pub async fn serve<H: LinkHandler>(stream: TcpStream, handler: Arc<H>) {
             Ok(Some(frame)) => {
                 for request in frame.requests {
                     let (handler, tx) = (handler.clone(), tx.clone());
+                    if !peer.speaks_for(request.from_node) {
+                        metrics::counter!("tocsin_peer_refused_total", "reason" => "from_node").increment(1);
+                        tracing::warn!(
+                            from_node = request.from_node,
+                            certificate = ?peer.node_ids,
+                            remote = ?peer.remote,
+                            "raft link: a message's from_node is not the node its connection's certificate names; refused"
+                        );
+                        let reply = pb::RaftReply {
+                            error: format!(
+                                "from_node {} is not the node this connection's certificate names",
+                                request.from_node
+                            ),
+                            ..Default::default()
+                        };
+                        let _ = tx.send(pb::RaftLinkReply { id: request.id, reply: Some(reply) }).await;
+                        continue;
+                    }
                     tokio::spawn(async move {
                         let id = request.id;
                         let reply = handler.handle(request).await;
@@ -401,14 +450,20 @@ pub async fn serve<H: LinkHandler>(stream: TcpStream, handler: Arc<H>) {
 }
 
 /// Accepts connections on `listener` (on the current runtime): Raft links
-/// (by their first byte) are moved to `links` and served there with
-/// `handler`; every other connection (HTTP/2 for gRPC) is passed on through
-/// the returned stream, still on the current runtime.
+/// are moved to `links` and served there with `handler`; every other
+/// connection (HTTP/2 for gRPC) is passed on through the returned stream.
+///
+/// Plaintext: a link is told by its first byte, and gRPC connections stay
+/// on the current runtime. With `tls`, every connection's handshake runs
+/// on `links` (a link is told by ALPN only after it, and its socket must
+/// be registered where it is served); a connection whose certificate does
+/// not verify goes no further.
 pub fn split_incoming<H: LinkHandler>(
     listener: TcpListener,
     handler: Arc<H>,
     links: tokio::runtime::Handle,
-) -> tokio_stream::wrappers::ReceiverStream<io::Result<TcpStream>> {
+    tls: Option<Arc<PeerTls>>,
+) -> tokio_stream::wrappers::ReceiverStream<io::Result<PeerIo>> {
     let (tx, rx) = mpsc::channel(64);
     tokio::spawn(async move {
         loop {
@@ -425,26 +480,60 @@ pub fn split_incoming<H: LinkHandler>(
                 return;
             }
             let (tx, handler, links) = (tx.clone(), handler.clone(), links.clone());
-            tokio::spawn(async move {
-                let mut first = [0u8; 1];
-                match tokio::time::timeout(FIRST_BYTE_WITHIN, stream.peek(&mut first)).await {
-                    Ok(Ok(1)) if first[0] == PREFACE[0] => {
-                        // Re-registered with the links' runtime, so its reads
-                        // wake tasks there.
-                        let Ok(std) = stream.into_std() else { return };
-                        links.spawn(async move {
-                            if let Ok(stream) = TcpStream::from_std(std) {
-                                serve(stream, handler).await;
-                            }
-                        });
-                    }
-                    Ok(Ok(1)) => {
+            match &tls {
+                Some(tls) => {
+                    let acceptor = tls.acceptor();
+                    // Re-registered with the links' runtime, so its reads
+                    // wake tasks there.
+                    let Ok(std) = stream.into_std() else { continue };
+                    links.spawn(async move {
+                        let Ok(stream) = TcpStream::from_std(std) else { return };
                         let _ = stream.set_nodelay(true);
-                        let _ = tx.send(Ok(stream)).await;
-                    }
-                    _ => {}
+                        let remote = stream.peer_addr().ok();
+                        let stream = match tokio::time::timeout(FIRST_BYTE_WITHIN, acceptor.accept(stream)).await {
+                            Ok(Ok(stream)) => stream,
+                            Ok(Err(e)) => {
+                                metrics::counter!("tocsin_peer_refused_total", "reason" => "tls").increment(1);
+                                tracing::warn!(?remote, error = %e, "peer port: TLS handshake failed; closing");
+                                return;
+                            }
+                            Err(_) => return,
+                        };
+                        let peer = PeerConn::of_tls(remote, &stream);
+                        if stream.get_ref().1.alpn_protocol() == Some(crate::peer_tls::LINK_ALPN) {
+                            let (read, write) = tokio::io::split(stream);
+                            serve(read, write, peer, handler).await;
+                        } else {
+                            let _ = tx.send(Ok(PeerIo::Tls(Box::new(stream), peer))).await;
+                        }
+                    });
                 }
-            });
+                None => {
+                    tokio::spawn(async move {
+                        let mut first = [0u8; 1];
+                        match tokio::time::timeout(FIRST_BYTE_WITHIN, stream.peek(&mut first)).await {
+                            Ok(Ok(1)) if first[0] == PREFACE[0] => {
+                                // Re-registered with the links' runtime, so its
+                                // reads wake tasks there.
+                                let Ok(std) = stream.into_std() else { return };
+                                links.spawn(async move {
+                                    if let Ok(stream) = TcpStream::from_std(std) {
+                                        let _ = stream.set_nodelay(true);
+                                        let peer = PeerConn { remote: stream.peer_addr().ok(), node_ids: None };
+                                        let (read, write) = stream.into_split();
+                                        serve(read, write, peer, handler).await;
+                                    }
+                                });
+                            }
+                            Ok(Ok(1)) => {
+                                let _ = stream.set_nodelay(true);
+                                let _ = tx.send(Ok(PeerIo::Plain(stream))).await;
+                            }
+                            _ => {}
+                        }
+                    });
+                }
+            }
         }
     });
     tokio_stream::wrappers::ReceiverStream::new(rx)
@@ -452,6 +541,8 @@ pub fn split_incoming<H: LinkHandler>(
 
 #[cfg(test)]
 mod tests {
+    use rustls::pki_types::pem::PemObject as _;
+
     use super::*;
 
     struct Echo;
@@ -478,7 +569,7 @@ mod tests {
     async fn server() -> (String, JoinHandle<()>) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
-        let mut rest = split_incoming(listener, Arc::new(Echo), tokio::runtime::Handle::current());
+        let mut rest = split_incoming(listener, Arc::new(Echo), tokio::runtime::Handle::current(), None);
         // Anything that is not a link comes out here.
         let passed = tokio::spawn(async move {
             use tokio_stream::StreamExt as _;
@@ -499,6 +590,7 @@ mod tests {
             tokio::runtime::Handle::current(),
             Duration::from_secs(1),
             seen.clone(),
+            None,
         ));
         let calls = (0..500u32).map(|i| {
             let link = link.clone();
@@ -524,6 +616,7 @@ mod tests {
             tokio::runtime::Handle::current(),
             Duration::from_secs(1),
             Arc::new(Seen::default()),
+            None,
         ));
         let started = Instant::now();
         let err = link.call(pb::RaftRpcKind::Vote, 1, 1, vec![], 0, Duration::from_secs(5)).await.unwrap_err();
@@ -534,7 +627,7 @@ mod tests {
         assert!(err.to_string().contains("reconnecting"), "{err}");
         // Once a server listens there, the link reaches it.
         let listener = TcpListener::bind(&addr).await.unwrap();
-        let _rest = split_incoming(listener, Arc::new(Echo), tokio::runtime::Handle::current());
+        let _rest = split_incoming(listener, Arc::new(Echo), tokio::runtime::Handle::current(), None);
         tokio::time::sleep(RECONNECT_AFTER).await;
         let reply = link.call(pb::RaftRpcKind::AppendEntries, 1, 1, vec![9], 0, Duration::from_secs(5)).await.unwrap();
         assert_eq!(reply.payload.as_ref(), [9]);
@@ -556,5 +649,124 @@ mod tests {
         let mut rest = Vec::new();
         let n = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut rest)).await.unwrap().unwrap_or(0);
         assert_eq!(n, 0, "the server answered a bad frame");
+    }
+
+    /// A cluster CA, and node certificates from it (or from another CA) in
+    /// a directory, as `tocsin certs` writes them.
+    struct Pki {
+        dir: tempfile::TempDir,
+        ca: crate::peer_tls::Issued,
+    }
+
+    impl Pki {
+        fn new() -> Pki {
+            let dir = tempfile::tempdir().unwrap();
+            let ca = crate::peer_tls::new_ca("test cluster CA", 30).unwrap();
+            std::fs::write(dir.path().join("ca.pem"), &ca.cert_pem).unwrap();
+            Pki { dir, ca }
+        }
+
+        /// Node `id`'s files, its certificate signed by `ca`.
+        fn files(&self, id: u64, ca: &crate::peer_tls::Issued) -> crate::config::PeerTlsFiles {
+            let issued = crate::peer_tls::issue_node(ca, id, &[], 30).unwrap();
+            let cert = self.dir.path().join(format!("node-{id}-{}.pem", rand::random::<u32>()));
+            let key = cert.with_extension("key");
+            std::fs::write(&cert, issued.cert_pem).unwrap();
+            std::fs::write(&key, issued.key_pem).unwrap();
+            crate::config::PeerTlsFiles { ca: self.dir.path().join("ca.pem"), cert, key }
+        }
+
+        fn node(&self, id: u64) -> Arc<PeerTls> {
+            PeerTls::load(&self.files(id, &self.ca), id).unwrap()
+        }
+    }
+
+    async fn tls_server(tls: Arc<PeerTls>) -> String {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let rest = split_incoming(listener, Arc::new(Echo), tokio::runtime::Handle::current(), Some(tls));
+        tokio::spawn(async move {
+            let _keep = rest;
+            std::future::pending::<()>().await
+        });
+        addr
+    }
+
+    fn tls_link(addr: &str, target: u64, tls: Option<Arc<PeerTls>>) -> Arc<LinkClient> {
+        let current = tokio::runtime::Handle::current();
+        Arc::new(LinkClient::new(target, addr, current, Duration::from_secs(2), Arc::new(Seen::default()), tls))
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_tls_a_link_carries_only_messages_from_the_node_its_certificate_names() {
+        let pki = Pki::new();
+        let addr = tls_server(pki.node(1)).await;
+        let link = tls_link(&addr, 1, Some(pki.node(2)));
+        let kind = pb::RaftRpcKind::AppendEntries;
+        let reply = link.call(kind, 7, 2, vec![42], 0, Duration::from_secs(5)).await.expect("a reply");
+        assert_eq!(reply.payload.as_ref(), [42]);
+        assert!(reply.error.is_empty(), "{}", reply.error);
+        // Node 2's certificate cannot speak for node 3.
+        let forged = link.call(kind, 7, 3, vec![43], 0, Duration::from_secs(5)).await.expect("a reply");
+        assert!(forged.payload.is_empty(), "a forged message was handled");
+        assert!(forged.error.contains("from_node 3 is not the node"), "{}", forged.error);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_port_with_tls_refuses_plaintext_foreign_certificates_and_the_wrong_node() {
+        let pki = Pki::new();
+        let addr = tls_server(pki.node(1)).await;
+        let call = |link: Arc<LinkClient>| async move {
+            link.call(pb::RaftRpcKind::Vote, 7, 2, vec![1], 0, Duration::from_secs(5)).await
+        };
+        // No TLS at all.
+        let err = call(tls_link(&addr, 1, None)).await.expect_err("a plaintext link was answered");
+        assert!(matches!(err, LinkError::Unreachable { .. }), "{err}");
+        // The right node certificate, but dialing node 3: the server is
+        // node 1, so the client refuses it.
+        let err = call(tls_link(&addr, 3, Some(pki.node(2)))).await.expect_err("the wrong node was accepted");
+        assert!(matches!(err, LinkError::Unreachable { .. }), "{err}");
+        // A certificate from another CA, presented by a client that trusts
+        // the cluster's CA: the server refuses it in the handshake.
+        let foreign_ca = crate::peer_tls::new_ca("another CA", 30).unwrap();
+        let foreign = pki.files(2, &foreign_ca);
+        assert!(
+            matches!(PeerTls::load(&foreign, 2), Err(crate::peer_tls::PeerTlsError::NotFromCa { .. })),
+            "a node certificate from another CA was loaded"
+        );
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(rustls::pki_types::CertificateDer::from_pem_file(&foreign.ca).unwrap()).unwrap();
+        let chain = vec![rustls::pki_types::CertificateDer::from_pem_file(&foreign.cert).unwrap()];
+        let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&foreign.key).unwrap();
+        let mut config =
+            rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .unwrap()
+                .with_root_certificates(roots)
+                .with_client_auth_cert(chain, key)
+                .unwrap();
+        config.alpn_protocols = vec![crate::peer_tls::LINK_ALPN.to_vec()];
+        let tcp = TcpStream::connect(&addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from(crate::peer_tls::node_name(1)).unwrap();
+        let answered = async {
+            let mut s = tokio_rustls::TlsConnector::from(Arc::new(config)).connect(name, tcp).await?;
+            s.write_all(PREFACE).await?;
+            let request =
+                pb::RaftLinkRequest { id: 1, kind: pb::RaftRpcKind::Vote as i32, from_node: 2, ..Default::default() };
+            let mut buf = Vec::new();
+            tocsin_contract::link_frame::encode_frame(
+                &pb::RaftLinkFrame { requests: vec![request], replies: Vec::new() },
+                &mut buf,
+            );
+            s.write_all(&buf).await?;
+            let mut reader = BufReader::new(s);
+            read_frame(&mut reader).await
+        };
+        let outcome =
+            tokio::time::timeout(Duration::from_secs(5), answered).await.expect("the server answered in time");
+        assert!(!matches!(outcome, Ok(Some(_))), "a foreign certificate's message was answered: {outcome:?}");
+        // A node certificate for another node id is refused at load.
+        let other = pki.files(5, &pki.ca);
+        assert!(matches!(PeerTls::load(&other, 4), Err(crate::peer_tls::PeerTlsError::NotThisNode { .. })));
     }
 }

@@ -228,6 +228,8 @@ struct RouterInner {
     /// made.
     runtime: tokio::runtime::Handle,
     rpc_timeout: Duration,
+    /// mTLS for links and snapshot streams, when on.
+    tls: Option<Arc<crate::peer_tls::PeerTls>>,
     /// Measures this node's clock offset to each peer from the replies.
     clock: Arc<Clock>,
     peers: RwLock<HashMap<u64, Peer>>,
@@ -240,10 +242,17 @@ struct RouterInner {
 }
 
 impl Router {
-    pub fn new(node_id: u64, rpc_timeout: Duration, clock: Arc<Clock>, runtime: tokio::runtime::Handle) -> Router {
+    pub fn new(
+        node_id: u64,
+        rpc_timeout: Duration,
+        clock: Arc<Clock>,
+        runtime: tokio::runtime::Handle,
+        tls: Option<Arc<crate::peer_tls::PeerTls>>,
+    ) -> Router {
         Router {
             inner: Arc::new(RouterInner {
                 node_id,
+                tls,
                 runtime,
                 rpc_timeout,
                 clock,
@@ -287,6 +296,7 @@ impl Router {
                     self.inner.runtime.clone(),
                     self.inner.rpc_timeout,
                     observer,
+                    self.inner.tls.clone(),
                 ));
                 let health = std::sync::Mutex::new(LinkHealth::new(Instant::now()));
                 let peer = Peer { addr: addr.to_string(), link, snapshots, health };
@@ -310,7 +320,7 @@ impl Router {
             .tcp_nodelay(true)
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5));
-        Ok(RaftTransportClient::new(endpoint.connect_lazy())
+        Ok(RaftTransportClient::new(crate::peer_tls::peer_channel(self.inner.tls.as_ref(), endpoint))
             .max_decoding_message_size(64 << 20)
             .max_encoding_message_size(64 << 20))
     }
@@ -656,26 +666,49 @@ impl crate::shard::link::LinkHandler for TransportService {
             Err(reply) => return reply,
         };
         let bad = |e: String| self.reply::<(), _>(Err(format!("bad payload: {e}")));
+        // The vote inside names its sender (the leader, the candidate): it
+        // must be the node the frame says, which the link checked against
+        // the peer's certificate.
+        let not_sender = |vote: &Vote| {
+            let named = vote.leader_id().node_id;
+            (named != req.from_node).then(|| {
+                metrics::counter!("tocsin_peer_refused_total", "reason" => "vote_node").increment(1);
+                bad(format!("the message's vote names node {named}, but it came from node {}", req.from_node))
+            })
+        };
         match pb::RaftRpcKind::try_from(req.kind) {
             Ok(pb::RaftRpcKind::AppendEntries) => match decode::<AppendEntriesRequest<C>>(&req.payload) {
-                Ok(rpc) => {
-                    let started = Instant::now();
-                    let result = raft.append_entries(rpc).await;
-                    metrics::histogram!("tocsin_raft_append_handled_seconds").record(started.elapsed().as_secs_f64());
-                    self.reply(result)
-                }
+                Ok(rpc) => match not_sender(&rpc.vote) {
+                    Some(refused) => refused,
+                    None => {
+                        let started = Instant::now();
+                        let result = raft.append_entries(rpc).await;
+                        metrics::histogram!("tocsin_raft_append_handled_seconds")
+                            .record(started.elapsed().as_secs_f64());
+                        self.reply(result)
+                    }
+                },
                 Err(e) => bad(e),
             },
             Ok(pb::RaftRpcKind::Vote) => match decode::<VoteRequest<C>>(&req.payload) {
-                Ok(rpc) => self.reply(raft.vote(rpc).await),
+                Ok(rpc) => match not_sender(&rpc.vote) {
+                    Some(refused) => refused,
+                    None => self.reply(raft.vote(rpc).await),
+                },
                 Err(e) => bad(e),
             },
             Ok(pb::RaftRpcKind::PreVote) => match decode::<VoteRequest<C>>(&req.payload) {
-                Ok(rpc) => self.reply(raft.pre_vote(rpc).await),
+                Ok(rpc) => match not_sender(&rpc.vote) {
+                    Some(refused) => refused,
+                    None => self.reply(raft.pre_vote(rpc).await),
+                },
                 Err(e) => bad(e),
             },
             Ok(pb::RaftRpcKind::TransferLeader) => match decode::<TransferLeaderRequest<C>>(&req.payload) {
-                Ok(rpc) => self.reply(raft.handle_transfer_leader(rpc).await),
+                Ok(rpc) => match not_sender(rpc.from_leader()) {
+                    Some(refused) => refused,
+                    None => self.reply(raft.handle_transfer_leader(rpc).await),
+                },
                 Err(e) => bad(e),
             },
             Ok(pb::RaftRpcKind::Unspecified) | Err(_) => bad(format!("unknown message kind {}", req.kind)),
@@ -694,6 +727,7 @@ impl pb::raft_transport_server::RaftTransport for TransportService {
         request: tonic::Request<tonic::Streaming<pb::SnapshotChunk>>,
     ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
         use std::io::Write;
+        let peer = request.extensions().get::<crate::peer_tls::PeerConn>().cloned();
         let mut stream = request.into_inner();
         let Some(first) = stream.message().await? else {
             return Err(tonic::Status::invalid_argument("empty snapshot stream"));
@@ -703,6 +737,17 @@ impl pb::raft_transport_server::RaftTransport for TransportService {
             Err(reply) => return Ok(tonic::Response::new(reply)),
         };
         let (vote, meta): (Vote, tocsin_store::SnapshotMeta) = decode(&first.header).map_err(bad_payload)?;
+        // A snapshot comes from the leader its vote names: with peer TLS,
+        // that must be the node the connection's certificate names.
+        let sender = vote.leader_id().node_id;
+        if let Some(peer) = peer
+            && !peer.speaks_for(sender)
+        {
+            metrics::counter!("tocsin_peer_refused_total", "reason" => "from_node").increment(1);
+            return Err(tonic::Status::permission_denied(format!(
+                "a snapshot from node {sender} must come on a connection with node {sender}'s certificate"
+            )));
+        }
         std::fs::create_dir_all(&self.spool_dir).map_err(|e| tonic::Status::internal(e.to_string()))?;
         let path = self.spool_dir.join(format!("incoming-{}-{}.snap", first.group_id, crate::clock::system_now_ms()));
         let mut file =
@@ -852,12 +897,13 @@ mod tests {
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind server");
         let server_addr = listener.local_addr().expect("server address");
-        let _grpc = crate::shard::link::split_incoming(listener, Arc::new(service), tokio::runtime::Handle::current());
+        let _grpc =
+            crate::shard::link::split_incoming(listener, Arc::new(service), tokio::runtime::Handle::current(), None);
         let stuck_before = Arc::new(AtomicU64::new(0));
         let proxy_addr = proxy(server_addr, stuck_before.clone()).await;
 
         let rpc_timeout = Duration::from_millis(200);
-        let router = Router::new(1, rpc_timeout, clock, tokio::runtime::Handle::current());
+        let router = Router::new(1, rpc_timeout, clock, tokio::runtime::Handle::current(), None);
         router.set_addr(2, &proxy_addr.to_string());
         assert!(answered(&router).await, "the first call went unanswered");
         assert_eq!(router.reconnects(), 0);
