@@ -49,6 +49,7 @@ pub mod node;
 pub mod peer_tls;
 pub mod runtime;
 pub mod shard;
+pub mod testing;
 
 pub use config::NodeConfig;
 pub use control::state::NodeState;

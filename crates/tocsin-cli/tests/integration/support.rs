@@ -3,7 +3,6 @@
 
 use axum::serve::ListenerExt as _;
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::Child;
 use std::process::Command;
@@ -17,12 +16,7 @@ pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
 }
 
-/// `n` distinct ports nothing listens on right now (all held while they are
-/// picked, so none is handed out twice).
-pub fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    held.iter().map(|l| l.local_addr().unwrap().port()).collect()
-}
+pub use tocsin_node::testing::free_ports;
 
 /// One `tocsin serve` process.
 pub struct NodeProcess {

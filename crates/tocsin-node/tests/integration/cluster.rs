@@ -1,7 +1,6 @@
 //! An in-process cluster fixture: `n` `Node`s in this test's runtime, each
 //! with its own data directory and free loopback ports, as one cluster.
 
-use std::net::TcpListener;
 use std::time::Duration;
 
 use tocsin_node::Node;
@@ -10,11 +9,7 @@ use tocsin_proto::v1 as pb;
 use tocsin_proto::v1::timer_service_client::TimerServiceClient;
 use tonic::transport::Channel;
 
-/// `n` distinct ports nothing listens on right now (all held while picked).
-fn free_ports(n: usize) -> Vec<u16> {
-    let held: Vec<TcpListener> = (0..n).map(|_| TcpListener::bind("127.0.0.1:0").unwrap()).collect();
-    held.iter().map(|l| l.local_addr().unwrap().port()).collect()
-}
+use tocsin_node::testing::free_ports;
 
 pub struct Cluster {
     pub nodes: Vec<Node>,
