@@ -15,8 +15,10 @@
 //! The durability contract (see `docs/storage.md`): a vote is synced before
 //! `save_vote` returns; the append callback runs only after the WAL sync
 //! that covers the entries; apply writes timers, indexes and `last_applied`
-//! in one synced batch before answering. All blocking RocksDB work runs on
-//! the writer thread or in `spawn_blocking`, never on an async worker.
+//! in one batch before answering (unsynced: the log is the durable record).
+//! RocksDB work that can wait on the disk (syncs, scans, large apply
+//! batches) runs on the writer thread or in `spawn_blocking`; an apply
+//! batch of at most 32 commands runs on the state machine's task.
 
 pub mod codec;
 pub mod db;

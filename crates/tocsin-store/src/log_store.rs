@@ -121,6 +121,9 @@ pub struct LogStore {
     store: Arc<Store>,
     group: GroupId,
     cache: Arc<std::sync::Mutex<LogCache>>,
+    /// The newest committed log id openraft reported and no write has
+    /// carried to RocksDB yet (see `save_committed`).
+    committed: Arc<std::sync::Mutex<Option<Option<LogId>>>>,
 }
 
 impl Debug for LogStore {
@@ -131,7 +134,7 @@ impl Debug for LogStore {
 
 impl LogStore {
     pub fn new(store: Arc<Store>, group: GroupId) -> LogStore {
-        LogStore { store, group, cache: Arc::default() }
+        LogStore { store, group, cache: Arc::default(), committed: Arc::default() }
     }
 
     /// `[start, end)` from the cache where it holds them, the older part
@@ -166,6 +169,15 @@ impl LogStore {
         match self.store.db().get_cf(cf, keys::tag_key(self.group, tag)).map_err(to_io)? {
             Some(bytes) => Ok(Some(codec::decode(&bytes)?)),
             None => Ok(None),
+        }
+    }
+
+    /// Adds the committed log id that is waiting to be written, if any, to
+    /// `batch` (every log write carries it; see `save_committed`).
+    fn put_pending_committed(&self, batch: &mut WriteBatch) -> io::Result<()> {
+        match self.committed.lock().expect("committed lock").take() {
+            Some(committed) => self.put_meta(batch, raft_meta::COMMITTED, &committed),
+            None => Ok(()),
         }
     }
 
@@ -299,14 +311,23 @@ impl RaftLogStorage<TypeConfig> for LogStore {
     }
 
     async fn save_committed(&mut self, committed: Option<LogId>) -> Result<(), io::Error> {
-        let mut batch = WriteBatch::default();
-        self.put_meta(&mut batch, raft_meta::COMMITTED, &committed)?;
-        // Optional for safety; written in order with the log and synced by the
-        // next round, so a restart recovers at least what was committed then.
-        self.store.write_unsynced(batch).await
+        // Optional for safety (the committed index is soft state: a restarted
+        // node learns it again from the leader, and never forgets what it
+        // applied); it only lets a restart apply what it already knew was
+        // committed without waiting for a leader. So it is not written on
+        // its own, which cost every commit of every group a round trip
+        // through the writer thread (two thread hand-offs on each node for
+        // every entry): the next log write of the group carries it. A
+        // restart then recovers a committed id no newer than the true one,
+        // which is safe: everything up to it was committed.
+        *self.committed.lock().expect("committed lock") = Some(committed);
+        Ok(())
     }
 
     async fn read_committed(&mut self) -> Result<Option<LogId>, io::Error> {
+        if let Some(pending) = *self.committed.lock().expect("committed lock") {
+            return Ok(pending);
+        }
         Ok(self.get_meta::<Option<LogId>>(raft_meta::COMMITTED)?.flatten())
     }
 
@@ -333,6 +354,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             callback.io_completed(Ok(()));
             return Ok(());
         };
+        self.put_pending_committed(&mut batch)?;
         let started = std::time::Instant::now();
         let cache = self.cache.clone();
         // Returns once queued: the entries are readable from the cache until
@@ -369,6 +391,7 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.put_meta(&mut batch, raft_meta::LAST_PURGED, &log_id)?;
         self.delete_log_range(&mut batch, 0, Some(log_id.index() + 1));
         self.cache.lock().expect("log cache lock").purge_upto(log_id.index());
+        self.put_pending_committed(&mut batch)?;
         self.store.write_durable(batch).await
     }
 }
