@@ -22,6 +22,14 @@ use clap::Parser;
 
 use clap::Subcommand;
 
+/// mimalloc instead of glibc's malloc: a node allocates and frees small
+/// buffers on every request, entry and message across a dozen threads, and
+/// glibc's arenas showed as 6–8% of a loaded node's CPU (`_int_malloc`,
+/// `_int_free`, `malloc_consolidate`, `unlink_chunk`). A/B figures in
+/// BENCHMARKS.md.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Parser)]
 #[command(name = "tocsin", version, about = "A Raft-replicated timer service: do X at time T unless cancelled first")]
 struct Cli {
