@@ -53,6 +53,49 @@ enum AdminCommand {
     /// Create, list and revoke bearer tokens (needs an `admin` token).
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Namespace quotas and webhook signing secrets, kept in the cluster
+    /// map (needs an `admin` token).
+    #[command(subcommand)]
+    Namespace(NamespaceCommand),
+}
+
+#[derive(clap::Subcommand)]
+enum NamespaceCommand {
+    /// Limit a namespace: unfinished timers and creates per second, each
+    /// cluster-wide (0: no limit). Creates past it get RESOURCE_EXHAUSTED.
+    SetQuota {
+        namespace: String,
+        #[arg(long, default_value_t = 0)]
+        max_pending: u64,
+        #[arg(long, default_value_t = 0)]
+        creates_per_sec: u64,
+    },
+    /// Remove a namespace's quota.
+    ClearQuota { namespace: String },
+    /// Every namespace quota.
+    Quotas {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Make a new signing secret current (drawn by the node unless
+    /// --secret is given; printed once). Deliveries carry a signature with
+    /// it and with the previous ones until drop-previous-secrets.
+    RotateSecret {
+        namespace: String,
+        /// whsec_<base64> or raw text, 24 to 64 bytes.
+        #[arg(long, env = "TOCSIN_NEW_SECRET", hide_env_values = true)]
+        secret: Option<String>,
+    },
+    /// Stop signing with the secrets a rotation replaced.
+    DropPreviousSecrets { namespace: String },
+    /// Remove a namespace's secrets from the cluster map (a node's own
+    /// configured secret applies again).
+    ClearSecret { namespace: String },
+    /// Every namespace with secrets in the map, by fingerprint.
+    Secrets {
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(clap::Subcommand)]
@@ -147,6 +190,7 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<ExitCode> {
         AdminCommand::Node(NodeCommand::Decommission { node_id }) => AdminOp::DecommissionNode { node_id },
         AdminCommand::Rebalance { dry_run } => AdminOp::Rebalance { dry_run },
         AdminCommand::Token(cmd) => return token(addrs, cmd).await,
+        AdminCommand::Namespace(cmd) => return namespace(addrs, cmd).await,
     };
     let client = crate::connect(addrs).await.context("connecting to the cluster")?;
     let mut stream = client.admin_op(op).await.context("starting the operation")?;
@@ -238,6 +282,117 @@ async fn token(addrs: Vec<String>, cmd: TokenCommand) -> anyhow::Result<ExitCode
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn namespace(addrs: Vec<String>, cmd: NamespaceCommand) -> anyhow::Result<ExitCode> {
+    use tocsin_client::v1::SetNamespaceSecretRequest;
+    use tocsin_client::v1::set_namespace_secret_request::Action;
+    let client = crate::connect(addrs).await.context("connecting to the cluster")?;
+    let secret_call = |namespace: String, action: Action, secret: String| SetNamespaceSecretRequest {
+        namespace,
+        action: action as i32,
+        secret,
+    };
+    match cmd {
+        NamespaceCommand::SetQuota { namespace, max_pending, creates_per_sec } => {
+            if max_pending == 0 && creates_per_sec == 0 {
+                anyhow::bail!("give --max-pending or --creates-per-sec (or use clear-quota)");
+            }
+            let resp = client
+                .set_namespace_quota(&namespace, max_pending, creates_per_sec)
+                .await
+                .context("setting the quota")?;
+            let what = if resp.changed { "set" } else { "already set" };
+            println!(
+                "quota of {namespace} {what}: max pending {}, creates/s {} (cluster map epoch {})",
+                limit(max_pending),
+                limit(creates_per_sec),
+                resp.map_epoch
+            );
+        }
+        NamespaceCommand::ClearQuota { namespace } => {
+            let resp = client.set_namespace_quota(&namespace, 0, 0).await.context("clearing the quota")?;
+            if resp.changed {
+                println!("quota of {namespace} cleared (cluster map epoch {})", resp.map_epoch);
+            } else {
+                println!("{namespace} has no quota: nothing to clear");
+            }
+        }
+        NamespaceCommand::Quotas { json } => {
+            let quotas = client.list_namespace_quotas().await.context("listing quotas")?;
+            if json {
+                let rows: Vec<serde_json::Value> = quotas
+                    .iter()
+                    .map(|q| {
+                        serde_json::json!({"namespace": q.namespace, "max_pending": q.max_pending,
+                            "creates_per_sec": q.creates_per_sec})
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                println!("{:<32} {:>12} {:>10}", "namespace", "max pending", "creates/s");
+                for q in &quotas {
+                    println!("{:<32} {:>12} {:>10}", q.namespace, limit(q.max_pending), limit(q.creates_per_sec));
+                }
+            }
+        }
+        NamespaceCommand::RotateSecret { namespace, secret } => {
+            let given = secret.is_some();
+            let req = secret_call(namespace.clone(), Action::Rotate, secret.unwrap_or_default());
+            let resp = client.set_namespace_secret(req).await.context("rotating the secret")?;
+            eprintln!(
+                "{namespace}'s current secret is now {} (cluster map epoch {}); the previous ones sign too until \
+                 `tocsin admin namespace drop-previous-secrets {namespace}`",
+                resp.fingerprint, resp.map_epoch
+            );
+            if !given {
+                eprintln!("the new secret, shown this once (give it to the receivers):");
+                println!("{}", resp.secret);
+            }
+        }
+        NamespaceCommand::DropPreviousSecrets { namespace } => {
+            let req = secret_call(namespace.clone(), Action::DropPrevious, String::new());
+            let resp = client.set_namespace_secret(req).await.context("dropping the previous secrets")?;
+            if resp.changed {
+                println!("{namespace} is signed with {} only (cluster map epoch {})", resp.fingerprint, resp.map_epoch);
+            } else {
+                println!("{namespace} has no previous secret: nothing to drop");
+            }
+        }
+        NamespaceCommand::ClearSecret { namespace } => {
+            let req = secret_call(namespace.clone(), Action::Clear, String::new());
+            let resp = client.set_namespace_secret(req).await.context("clearing the secret")?;
+            if resp.changed {
+                println!("{namespace}'s secrets removed from the cluster map (epoch {})", resp.map_epoch);
+            } else {
+                println!("{namespace} has no secret in the cluster map: nothing to clear");
+            }
+        }
+        NamespaceCommand::Secrets { json } => {
+            let secrets = client.list_namespace_secrets().await.context("listing secrets")?;
+            if json {
+                let rows: Vec<serde_json::Value> = secrets
+                    .iter()
+                    .map(|s| {
+                        serde_json::json!({"namespace": s.namespace, "fingerprints": s.fingerprints,
+                            "rotated_at_ms": s.rotated_at_ms})
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            } else {
+                println!("{:<32} fingerprints (current first)", "namespace");
+                for s in &secrets {
+                    println!("{:<32} {}", s.namespace, s.fingerprints.join(" "));
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A quota limit as printed: 0 is none.
+fn limit(n: u64) -> String {
+    if n == 0 { "none".into() } else { n.to_string() }
 }
 
 async fn shard_list(addrs: Vec<String>, json: bool) -> anyhow::Result<ExitCode> {

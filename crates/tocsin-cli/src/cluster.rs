@@ -141,7 +141,11 @@ fn ids(v: &[u64]) -> String {
 }
 
 fn print_status(info: &pb::ClusterInfo, digests: bool) {
-    println!("{} shards; cluster map epoch {}; each shard as its leader reports it", info.num_shards, info.map_epoch);
+    let id = if info.cluster_id.is_empty() { "not bootstrapped" } else { info.cluster_id.as_str() };
+    println!(
+        "cluster {id}: {} shards; cluster map epoch {}; each shard as its leader reports it",
+        info.num_shards, info.map_epoch
+    );
     if let Some(m) = &info.metadata {
         let leader = if m.leader == 0 { "none".to_string() } else { format!("node {}", m.leader) };
         println!("metadata group: voters {}, leader {leader}, term {}", ids(&m.voters), m.term);
@@ -208,6 +212,7 @@ fn print_status(info: &pb::ClusterInfo, digests: bool) {
 fn status_json(info: &pb::ClusterInfo) -> serde_json::Value {
     serde_json::json!({
         "node_id": info.node_id,
+        "cluster_id": info.cluster_id,
         "num_shards": info.num_shards,
         "map_epoch": info.map_epoch,
         "metadata": info.metadata.as_ref().map(|m| serde_json::json!({

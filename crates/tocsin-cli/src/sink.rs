@@ -1,8 +1,8 @@
 //! `tocsin sink`: the reference webhook receiver.
 //!
 //! It does what the webhook docs ask of every receiver, in one atomic step
-//! per delivery: keep the largest epoch seen per shard, answer `409 stale
-//! epoch` to anything lower, treat a repeated `fire_id` as a duplicate, and
+//! per delivery: keep the largest epoch seen per cluster and shard, answer
+//! `409 stale epoch` to anything lower, treat a repeated `fire_id` as a duplicate, and
 //! only then perform the side effect — here, appending the delivery and its
 //! verdict as one NDJSON line. Tests, benchmarks and demos use it.
 //!
@@ -80,6 +80,8 @@ pub struct Received {
     pub shard: u32,
     pub epoch: u64,
     pub fire_id: String,
+    /// The cluster that fired it: epochs are compared per (cluster, shard).
+    pub cluster_id: String,
     pub attempt: u32,
     pub attempt_index: u64,
     pub fire_at_ms: u64,
@@ -101,6 +103,7 @@ impl Received {
             shard: delivery.shard,
             epoch: delivery.epoch,
             fire_id: delivery.fire_id,
+            cluster_id: delivery.cluster_id,
             attempt: delivery.attempt,
             attempt_index: delivery.attempt_index,
             fire_at_ms: delivery.fire_at_ms,
@@ -181,7 +184,9 @@ fn implied_mode(uri: &Uri) -> Mode {
 /// Fencing and deduplication state, behind one lock so the check and the
 /// side effect are one step.
 pub struct Fence {
-    max_epoch: HashMap<u32, u64>,
+    /// Per (cluster id, shard): a rebuilt cluster's epochs start again
+    /// under a new cluster id, and are not stale.
+    max_epoch: HashMap<(String, u32), u64>,
     seen: HashSet<String>,
     secret: Option<Vec<u8>>,
     out: Box<dyn Write + Send>,
@@ -214,7 +219,7 @@ impl Fence {
                 return (StatusCode::UNAUTHORIZED, Verdict::RejectedSig, Some(received));
             }
         }
-        let max = self.max_epoch.entry(received.shard).or_insert(0);
+        let max = self.max_epoch.entry((received.cluster_id.clone(), received.shard)).or_insert(0);
         if received.epoch < *max {
             received.verdict = Verdict::RejectedStale;
             return (StatusCode::CONFLICT, Verdict::RejectedStale, Some(received));
@@ -244,7 +249,7 @@ impl Fence {
             r.status = status.as_u16();
             self.record(&r);
         }
-        let max_epoch = self.max_epoch.get(&shard_of(body)).copied().unwrap_or(0);
+        let max_epoch = self.max_epoch.get(&fence_of(body)).copied().unwrap_or(0);
         let body = match verdict {
             Verdict::RejectedStale => serde_json::json!({ "error": "stale epoch", "max_epoch": max_epoch }),
             other => serde_json::json!({ "verdict": other }),
@@ -265,8 +270,8 @@ impl Fence {
     }
 }
 
-fn shard_of(body: &[u8]) -> u32 {
-    serde_json::from_slice::<DeliveryJson>(body).map(|d| d.shard).unwrap_or(0)
+fn fence_of(body: &[u8]) -> (String, u32) {
+    serde_json::from_slice::<DeliveryJson>(body).map(|d| (d.cluster_id, d.shard)).unwrap_or_default()
 }
 
 /// The fence and the per-path modes.

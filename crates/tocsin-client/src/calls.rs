@@ -286,6 +286,56 @@ impl Client {
         .await
     }
 
+    /// Sets `namespace`'s quota (needs `admin`); both limits 0 clear it.
+    pub async fn set_namespace_quota(
+        &self,
+        namespace: &str,
+        max_pending: u64,
+        creates_per_sec: u64,
+    ) -> Result<pb::SetNamespaceQuotaResponse, ClientError> {
+        let quota = pb::NamespaceQuota { namespace: namespace.into(), max_pending, creates_per_sec };
+        let req = pb::SetNamespaceQuotaRequest { quota: Some(quota) };
+        self.call_channel(None, |channel| {
+            let req = req.clone();
+            async move { AdminServiceClient::new(channel).set_namespace_quota(req).await }
+        })
+        .await
+    }
+
+    /// Every namespace quota (needs `admin`).
+    pub async fn list_namespace_quotas(&self) -> Result<Vec<pb::NamespaceQuota>, ClientError> {
+        let resp = self
+            .call_channel(None, |channel| async move {
+                AdminServiceClient::new(channel).list_namespace_quotas(pb::ListNamespaceQuotasRequest {}).await
+            })
+            .await?;
+        Ok(resp.quotas)
+    }
+
+    /// Rotates, finishes rotating or clears `namespace`'s signing secret in
+    /// the cluster map (needs `admin`).
+    pub async fn set_namespace_secret(
+        &self,
+        req: pb::SetNamespaceSecretRequest,
+    ) -> Result<pb::SetNamespaceSecretResponse, ClientError> {
+        self.call_channel(None, |channel| {
+            let req = req.clone();
+            async move { AdminServiceClient::new(channel).set_namespace_secret(req).await }
+        })
+        .await
+    }
+
+    /// Every namespace with signing secrets in the map, by fingerprint
+    /// (needs `admin`).
+    pub async fn list_namespace_secrets(&self) -> Result<Vec<pb::NamespaceSecretInfo>, ClientError> {
+        let resp = self
+            .call_channel(None, |channel| async move {
+                AdminServiceClient::new(channel).list_namespace_secrets(pb::ListNamespaceSecretsRequest {}).await
+            })
+            .await?;
+        Ok(resp.secrets)
+    }
+
     /// Starts a cluster operation on the first seed that answers and
     /// returns its progress stream. The operation runs on that node to the
     /// end even if the stream is dropped; re-running it is safe.

@@ -68,9 +68,14 @@ pub struct DeliveryJson {
     pub fired_at_ms: u64,
     pub attempt: u32,
     pub shard: u32,
-    /// The fencing token: the shard leader's epoch.
+    /// The fencing token: the shard leader's epoch, compared per
+    /// `(cluster_id, shard)`.
     pub epoch: u64,
     pub fire_id: String,
+    /// The cluster that fired it (drawn when the cluster was created): a
+    /// rebuilt cluster's epochs and log indexes start again, under a new id.
+    #[serde(default)]
+    pub cluster_id: String,
     /// Log index of the entry that started this attempt.
     #[serde(default)]
     pub attempt_index: u64,
@@ -79,7 +84,7 @@ pub struct DeliveryJson {
 }
 
 impl DeliveryJson {
-    pub fn from_record(shard: u32, key: &TimerKey, record: &TimerRecord) -> DeliveryJson {
+    pub fn from_record(cluster_id: &str, shard: u32, key: &TimerKey, record: &TimerRecord) -> DeliveryJson {
         let fire = record.fire.clone().unwrap_or_else(|| panic!("delivering {key} without fire facts"));
         DeliveryJson {
             namespace: key.namespace.clone(),
@@ -90,15 +95,16 @@ impl DeliveryJson {
             attempt: fire.attempt,
             shard,
             epoch: fire.epoch,
-            fire_id: tocsin_core::timer::fire_id(shard, fire.fire_index),
+            fire_id: tocsin_core::timer::fire_id(cluster_id, shard, fire.fire_index),
+            cluster_id: cluster_id.to_string(),
             attempt_index: fire.attempt_index,
             labels: record.labels.clone(),
         }
     }
 }
 
-pub fn delivery_proto(shard: u32, key: &TimerKey, record: &TimerRecord) -> pb::Delivery {
-    let d = DeliveryJson::from_record(shard, key, record);
+pub fn delivery_proto(cluster_id: &str, shard: u32, key: &TimerKey, record: &TimerRecord) -> pb::Delivery {
+    let d = DeliveryJson::from_record(cluster_id, shard, key, record);
     pb::Delivery {
         namespace: d.namespace,
         id: d.id,
@@ -112,6 +118,7 @@ pub fn delivery_proto(shard: u32, key: &TimerKey, record: &TimerRecord) -> pb::D
         labels: d.labels.into_iter().collect(),
         reserved_until_ms: 0,
         topic: String::new(),
+        cluster_id: d.cluster_id,
     }
 }
 
@@ -134,10 +141,10 @@ pub fn callback_proto(callback: &Callback) -> pb::Callback {
     }
 }
 
-pub fn fire_proto(shard: u32, record: &TimerRecord) -> Option<pb::FireInfo> {
+pub fn fire_proto(cluster_id: &str, shard: u32, record: &TimerRecord) -> Option<pb::FireInfo> {
     let fire = record.fire.as_ref()?;
     Some(pb::FireInfo {
-        fire_id: tocsin_core::timer::fire_id(shard, fire.fire_index),
+        fire_id: tocsin_core::timer::fire_id(cluster_id, shard, fire.fire_index),
         epoch: fire.epoch,
         attempt: fire.attempt,
         fired_at_ms: fire.fired_at_ms,
@@ -149,7 +156,7 @@ pub fn fire_proto(shard: u32, record: &TimerRecord) -> Option<pb::FireInfo> {
     })
 }
 
-pub fn timer_proto(shard: u32, key: &TimerKey, record: &TimerRecord) -> pb::Timer {
+pub fn timer_proto(cluster_id: &str, shard: u32, key: &TimerKey, record: &TimerRecord) -> pb::Timer {
     pb::Timer {
         namespace: key.namespace.clone(),
         id: key.id.clone(),
@@ -167,7 +174,7 @@ pub fn timer_proto(shard: u32, key: &TimerKey, record: &TimerRecord) -> pb::Time
         generation: record.generation,
         created_at_ms: record.created_at_ms,
         shard,
-        fire: fire_proto(shard, record),
+        fire: fire_proto(cluster_id, shard, record),
         finished_at_ms: record.finished_at_ms,
         retained_until_ms: record.purge_after_ms().unwrap_or(0),
     }

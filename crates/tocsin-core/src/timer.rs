@@ -256,9 +256,21 @@ pub struct FireRecord {
 }
 
 /// The receiver-facing id of one firing of a timer: stable across delivery
-/// attempts, unique across shards and id reuse.
-pub fn fire_id(shard: u32, fire_index: u64) -> String {
-    format!("f-{shard}-{fire_index}")
+/// attempts, unique across shards, id reuse and clusters (a rebuilt
+/// cluster draws a new cluster id, so its fire ids never repeat the old
+/// one's although its log indexes start again).
+pub fn fire_id(cluster_id: &str, shard: u32, fire_index: u64) -> String {
+    format!("f-{cluster_id}-{shard}-{fire_index}")
+}
+
+/// The parts of a [`fire_id`]: `(cluster id, shard, fire index)`.
+pub fn parse_fire_id(fire_id: &str) -> Option<(&str, u32, u64)> {
+    let mut parts = fire_id.strip_prefix("f-")?.splitn(3, '-');
+    let (cluster, shard, index) = (parts.next()?, parts.next()?, parts.next()?);
+    if cluster.is_empty() || cluster.contains('-') {
+        return None;
+    }
+    Some((cluster, shard.parse().ok()?, index.parse().ok()?))
 }
 
 /// The replicated row of one timer: the value under its key in a shard's
@@ -322,5 +334,20 @@ impl TimerRecord {
     /// The horizon bucket a scheduled timer counts in (its fire minute).
     pub fn horizon_minute(&self) -> Option<u64> {
         (self.state == TimerState::Scheduled).then_some(self.fire_at_ms / crate::limits::HORIZON_BUCKET_MS)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_fire_id_names_its_cluster_shard_and_index_and_parses_back() {
+        let id = fire_id("0123456789abcdef", 7, 42 * 4096 + 3);
+        assert_eq!(id, "f-0123456789abcdef-7-172035");
+        assert_eq!(parse_fire_id(&id), Some(("0123456789abcdef", 7, 172_035)));
+        for bad in ["f-7-172035", "x-0123456789abcdef-7-1", "f-0123456789abcdef-x-1", "f--7-1", "f-a-7-1-2"] {
+            assert_eq!(parse_fire_id(bad), None, "{bad}");
+        }
     }
 }

@@ -17,7 +17,7 @@ fn round_trip<M: Message + Default + PartialEq + std::fmt::Debug>(data: &[u8]) {
 
 fuzz_target!(|data: &[u8]| {
     let Some((&which, data)) = data.split_first() else { return };
-    match which % 27 {
+    match which % 31 {
         0 => round_trip::<pb::CreateTimerRequest>(data),
         1 => round_trip::<pb::CreateTimersRequest>(data),
         2 => round_trip::<pb::GetTimerRequest>(data),
@@ -44,6 +44,10 @@ fuzz_target!(|data: &[u8]| {
         23 => round_trip::<pb::ReadClusterMapRequest>(data),
         24 => round_trip::<pb::CreateTokenRequest>(data),
         25 => round_trip::<pb::ListTokensRequest>(data),
-        _ => round_trip::<pb::RevokeTokenRequest>(data),
+        26 => round_trip::<pb::RevokeTokenRequest>(data),
+        27 => round_trip::<pb::SetNamespaceQuotaRequest>(data),
+        28 => round_trip::<pb::ListNamespaceQuotasRequest>(data),
+        29 => round_trip::<pb::SetNamespaceSecretRequest>(data),
+        _ => round_trip::<pb::ListNamespaceSecretsRequest>(data),
     }
 });

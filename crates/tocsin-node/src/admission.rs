@@ -34,6 +34,8 @@ const MAX_BUCKETS: usize = 100_000;
 pub struct Admission {
     config: AdmissionConfig,
     buckets: Mutex<HashMap<String, (f64, Instant)>>,
+    /// Namespace quotas' create-rate buckets, per (namespace, shard).
+    quota_buckets: Mutex<HashMap<(String, u32), (f64, Instant)>>,
     disk_low: Arc<AtomicBool>,
     free_bytes: Arc<AtomicU64>,
     /// Moving average of the lag probe's wake-up lateness, in microseconds.
@@ -49,6 +51,7 @@ impl Admission {
         let admission = Arc::new(Admission {
             config,
             buckets: Mutex::new(HashMap::new()),
+            quota_buckets: Mutex::new(HashMap::new()),
             disk_low: Arc::new(AtomicBool::new(false)),
             free_bytes: Arc::new(AtomicU64::new(u64::MAX)),
             lag_us: Arc::new(AtomicU64::new(0)),
@@ -133,26 +136,66 @@ impl Admission {
             return Ok(());
         }
         let mut buckets = self.buckets.lock().expect("buckets lock");
-        if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(namespace) {
-            let oldest = buckets.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| k.clone());
-            if let Some(k) = oldest {
-                buckets.remove(&k);
-            }
-        }
-        let now = Instant::now();
-        let (tokens, last) = buckets.entry(namespace.to_string()).or_insert((rate as f64, now));
-        *tokens = (*tokens + now.duration_since(*last).as_secs_f64() * rate as f64).min(rate as f64);
-        *last = now;
-        if *tokens >= count as f64 {
-            *tokens -= count as f64;
-            Ok(())
-        } else {
-            let missing = count as f64 - *tokens;
-            Err(NodeError::ResourceExhausted {
+        take(&mut buckets, namespace.to_string(), rate, count, Instant::now()).map_err(|retry_after_ms| {
+            NodeError::ResourceExhausted {
                 message: format!("namespace {namespace} is over its create rate of {rate}/s"),
-                retry_after_ms: ((missing / rate as f64) * 1000.0).ceil() as u64,
-            })
+                retry_after_ms,
+            }
+        })
+    }
+
+    /// Admits `count` creates in `namespace` on `shard` against the
+    /// namespace's quota of `share_per_sec` creates per second on each
+    /// shard (its cluster-wide quota's share, see `NamespaceQuota::share`).
+    pub fn admit_quota_rate(
+        &self,
+        namespace: &str,
+        shard: u32,
+        share_per_sec: u64,
+        count: u64,
+    ) -> Result<(), NodeError> {
+        let mut buckets = self.quota_buckets.lock().expect("buckets lock");
+        take(&mut buckets, (namespace.to_string(), shard), share_per_sec, count, Instant::now()).map_err(
+            |retry_after_ms| {
+                metrics::counter!("tocsin_creates_over_quota_total", "quota" => "creates_per_sec").increment(count);
+                NodeError::ResourceExhausted {
+                    message: format!("namespace {namespace} is over its quota of creates per second"),
+                    retry_after_ms,
+                }
+            },
+        )
+    }
+}
+
+/// Takes `count` tokens from `key`'s bucket (`rate` per second, holding at
+/// most one second's worth), or answers how many ms until they would be
+/// there. A batch larger than the bucket is let in when the bucket is full
+/// and leaves it in debt, so any batch size is admitted at the rate on
+/// average. Past [`MAX_BUCKETS`] keys the least recently used is dropped
+/// (a dropped bucket starts full, a bounded leniency).
+fn take<K: std::hash::Hash + Eq + Clone>(
+    buckets: &mut HashMap<K, (f64, Instant)>,
+    key: K,
+    rate: u64,
+    count: u64,
+    now: Instant,
+) -> Result<(), u64> {
+    if buckets.len() >= MAX_BUCKETS && !buckets.contains_key(&key) {
+        let oldest = buckets.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| k.clone());
+        if let Some(k) = oldest {
+            buckets.remove(&k);
         }
+    }
+    let rate = rate.max(1) as f64;
+    let (tokens, last) = buckets.entry(key).or_insert((rate, now));
+    *tokens = (*tokens + now.saturating_duration_since(*last).as_secs_f64() * rate).min(rate);
+    *last = now;
+    let needed = (count as f64).min(rate);
+    if *tokens >= needed {
+        *tokens -= count as f64;
+        Ok(())
+    } else {
+        Err((((needed - *tokens) / rate) * 1000.0).ceil().max(1.0) as u64)
     }
 }
 
@@ -239,6 +282,31 @@ mod tests {
             average = next_lag_average_us(average, 1_000);
         }
         assert!(shed_for_lag(Duration::from_micros(average), bound).is_ok(), "{average} us");
+    }
+
+    #[test]
+    fn a_bucket_admits_its_rate_and_a_large_batch_goes_into_debt() {
+        let mut buckets = HashMap::new();
+        let t0 = Instant::now();
+        // 10/s: ten single creates pass, the eleventh waits about 100 ms.
+        for _ in 0..10 {
+            assert_eq!(take(&mut buckets, "a", 10, 1, t0), Ok(()));
+        }
+        let wait = take(&mut buckets, "a", 10, 1, t0).unwrap_err();
+        assert!((90..=110).contains(&wait), "{wait} ms");
+        assert_eq!(take(&mut buckets, "a", 10, 1, t0 + Duration::from_millis(100)), Ok(()));
+        // A batch of 50 into a full 10/s bucket passes once, then the
+        // bucket owes 4 s.
+        assert_eq!(take(&mut buckets, "b", 10, 50, t0), Ok(()));
+        let wait = take(&mut buckets, "b", 10, 1, t0 + Duration::from_secs(1)).unwrap_err();
+        assert!((3_000..=4_200).contains(&wait), "{wait} ms");
+        assert_eq!(take(&mut buckets, "b", 10, 1, t0 + Duration::from_secs(5)), Ok(()));
+        // Buckets are bounded.
+        let mut many = HashMap::new();
+        for i in 0..MAX_BUCKETS + 10 {
+            let _ = take(&mut many, i, 1, 1, t0);
+        }
+        assert_eq!(many.len(), MAX_BUCKETS);
     }
 
     #[test]

@@ -111,6 +111,22 @@ pub fn parse(token: &str) -> Option<(&str, &str)> {
 }
 
 /// A new token: `(id, the whole token, the SHA-256 of its secret)`.
+/// A new webhook signing secret, `whsec_` + 32 random bytes in base64.
+pub fn new_webhook_secret() -> String {
+    use base64::Engine as _;
+    use rand::RngCore as _;
+    let mut secret = [0u8; 32];
+    rand::rng().fill_bytes(&mut secret);
+    format!("whsec_{}", base64::engine::general_purpose::STANDARD.encode(secret))
+}
+
+/// What identifies a secret without revealing it: the first 8 bytes of its
+/// SHA-256, in hex.
+pub fn fingerprint(secret: &[u8]) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(secret)[..8].iter().map(|b| format!("{b:02x}")).collect()
+}
+
 pub fn new_token() -> (String, String, [u8; 32]) {
     use base64::Engine as _;
     use rand::RngCore as _;

@@ -410,7 +410,7 @@ impl std::fmt::Debug for NamespaceConfig {
 }
 
 /// `TOCSIN_*` variables the CLI reads itself (after the prefix).
-const NOT_SETTINGS: [&str; 2] = ["ADDR", "TOKEN"];
+const NOT_SETTINGS: [&str; 3] = ["ADDR", "TOKEN", "NEW_SECRET"];
 
 /// Whether `path` (lower case, from `TOCSIN_A__B`) names a setting: a leaf
 /// of the config's schema, or a field of one namespace's settings

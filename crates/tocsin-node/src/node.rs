@@ -352,6 +352,9 @@ fn shared_state(
         }
     }
     let authority = crate::auth::Authority::new(config)?;
+    let map = MapCache::default();
+    let signer = dispatcher.webhook.clone();
+    map.on_learn(move |map| signer.set_map_secrets(map));
     Ok(Arc::new(NodeState {
         config: config.clone(),
         node_id,
@@ -380,7 +383,7 @@ fn shared_state(
         peer_tls,
         remote_view: std::sync::RwLock::new(None),
         meta: std::sync::RwLock::new(None),
-        map: MapCache::default(),
+        map,
         moves: Arc::new(tokio::sync::Semaphore::new(MOVES_AT_ONCE)),
         shutting_down: AtomicBool::new(false),
     }))

@@ -40,8 +40,10 @@ use crate::keys;
 /// carries what is due (`keys::due_value`), in-flight attempts are indexed
 /// at their deadline, and the shard meta carries the shard's clock. 3: a
 /// node's address in memberships and the cluster map carries its peer
-/// port apart from its client port.
-pub const STORE_FORMAT: u32 = 3;
+/// port apart from its client port. 4: the cluster map carries a cluster
+/// id, quotas and signing secrets, and the horizon a per-namespace count of
+/// unfinished timers (`keys::PENDING_MINUTE`).
+pub const STORE_FORMAT: u32 = 4;
 
 /// Most write requests queued for the writer before senders wait.
 const WRITE_QUEUE_DEPTH: usize = 1024;

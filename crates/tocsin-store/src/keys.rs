@@ -13,7 +13,7 @@
 //! | `timers` | group · timer key | `TimerRecord` |
 //! | `due` | group · due_ms · timer key | what is due ([`due_value`]) |
 //! | `retention` | group · purge_after_ms · timer key | empty |
-//! | `horizon` | group · ns length · namespace · minute | count, u64 BE |
+//! | `horizon` | group · ns length · namespace · minute | count, u64 BE (at minute [`PENDING_MINUTE`]: the namespace's unfinished timers) |
 //! | `sm_meta` | group · tag (applied, membership, shard meta, installing; cluster map under the metadata group) | … |
 //!
 //! A timer key is `ns length (1 byte) · namespace · id`: the length prefix
@@ -212,6 +212,12 @@ pub fn decode_due_value(value: &[u8]) -> Option<DueKind> {
         _ => None,
     }
 }
+
+/// The `horizon` minute under which a namespace's count of unfinished
+/// timers (scheduled, firing or retrying: every timer with a due time) is
+/// kept, for its quota. No fire time reaches it (`u64::MAX` ms is minute
+/// `u64::MAX / 60_000`), and horizon scans end before it.
+pub const PENDING_MINUTE: u64 = u64::MAX;
 
 pub fn horizon_key(group: GroupId, namespace: &str, minute: u64) -> Vec<u8> {
     let mut k = Vec::with_capacity(17 + namespace.len());

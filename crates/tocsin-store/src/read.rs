@@ -233,6 +233,21 @@ impl Store {
         Ok(total)
     }
 
+    /// The unfinished timers of `namespace` in `group` (those with a due
+    /// time: scheduled, firing or retrying), as of the last applied entry.
+    pub fn pending_count(&self, group: GroupId, namespace: &str) -> io::Result<u64> {
+        let key = keys::horizon_key(group, namespace, keys::PENDING_MINUTE);
+        match self.db().get_cf(self.cf(keys::CF_HORIZON), key).map_err(to_io)? {
+            Some(bytes) => Ok(u64::from_be_bytes(
+                bytes
+                    .as_slice()
+                    .try_into()
+                    .map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "pending counter"))?,
+            )),
+            None => Ok(0),
+        }
+    }
+
     /// A digest of the group's timers (key, state, fire time, generation),
     /// equal on replicas that applied the same log: the chaos checker's
     /// replica-agreement check. Also returns the number of timers.

@@ -322,7 +322,8 @@ struct Overlay<'a> {
     group: GroupId,
     batch: WriteBatch,
     cache: HashMap<TimerKey, Option<TimerRecord>>,
-    /// Net change of each (namespace, minute) horizon counter.
+    /// Net change of each (namespace, minute) horizon counter, the pending
+    /// counters (`keys::PENDING_MINUTE`) included.
     horizon: BTreeMap<(String, u64), i64>,
     /// Fire-time index changes of the entry being applied.
     changes: Vec<IndexChange>,
@@ -409,6 +410,11 @@ impl TimerTable for Overlay<'_> {
             if let Some(at) = after {
                 self.batch.put_cf(cf, keys::time_index_key(group, at, key), []);
             }
+        }
+        let (before, after) = (old.is_some_and(|r| r.due().is_some()), new.is_some_and(|r| r.due().is_some()));
+        if before != after {
+            *self.horizon.entry((key.namespace.clone(), keys::PENDING_MINUTE)).or_default() +=
+                if after { 1 } else { -1 };
         }
         let (before, after) = (old.and_then(TimerRecord::horizon_minute), new.and_then(TimerRecord::horizon_minute));
         if before != after {

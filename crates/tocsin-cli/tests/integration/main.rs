@@ -4,12 +4,14 @@
 mod auth;
 mod bad_input;
 mod clock;
+mod cluster_id;
 mod cluster_ops;
 mod egress;
 mod faults;
 mod peer_port;
 mod peer_tls;
 mod pull;
+mod quotas;
 mod routing;
 mod signing;
 mod support;

@@ -2,7 +2,9 @@
 //! started with secret A signs with A; its config file rewritten to secret B
 //! with A as a previous secret and SIGHUP sent, deliveries carry both
 //! signatures, so receivers holding A or B verify; a malformed file on the
-//! next SIGHUP is refused and the node keeps signing with B and A.
+//! next SIGHUP is refused and the node keeps signing with B and A. Secrets
+//! in the cluster map (`tocsin admin namespace rotate-secret`) take over
+//! from the file at once, on every node, and rotate the same way.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -107,4 +109,76 @@ async fn a_signing_secret_rotates_on_sighup_with_both_signatures_meanwhile() {
     client.create_timer(tocsin_client::webhook_timer("signed", "t-3", 200, &url)).await.unwrap();
     let third = delivered(&seen, "t-3").await;
     assert!(verifies(A, &third) && verifies(B, &third));
+}
+
+/// `tocsin admin --addr <addr> namespace <args…>`: (success, stdout, stderr).
+fn namespace_cli(addr: &str, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tocsin"))
+        .args(["admin", "--addr", addr, "namespace"])
+        .args(args)
+        .output()
+        .unwrap();
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cluster_map_secrets_rotate_without_restart_and_take_precedence() {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, seen) = receiver().await;
+    let config = dir.path().join("tocsin.toml");
+    std::fs::write(&config, format!("[namespaces.signed]\nwebhook_secret = {A:?}\n")).unwrap();
+    let node = NodeProcess::start_with_args(dir.path(), &["--config", config.to_str().unwrap()], &[]);
+    let client = tocsin_client::Client::connect([node.grpc.clone()]).await.unwrap();
+    let mut n = 0;
+    let mut deliver = async || {
+        n += 1;
+        let id = format!("m-{n}");
+        client.create_timer(tocsin_client::webhook_timer("signed", &id, 100, &url)).await.unwrap();
+        delivered(&seen, &id).await
+    };
+
+    // Phase: the map's secret B takes over from the file's A, at once.
+    let (ok, out, err) = namespace_cli(&node.grpc, &["rotate-secret", "signed", "--secret", B]);
+    assert!(ok, "{out}{err}");
+    assert!(!out.contains(B) && !err.contains(B), "the CLI repeats a given secret");
+    let first = deliver().await;
+    assert_eq!(first.2.split_whitespace().count(), 1, "{}", first.2);
+    assert!(verifies(B, &first) && !verifies(A, &first), "the map's secret, not the file's");
+
+    // Phase: a drawn secret C becomes current; B still signs meanwhile.
+    let (ok, out, err) = namespace_cli(&node.grpc, &["rotate-secret", "signed"]);
+    assert!(ok, "{err}");
+    let c = out.trim().to_string();
+    assert!(c.starts_with("whsec_"), "the drawn secret is printed once: {out}");
+    let second = deliver().await;
+    assert_eq!(second.2.split_whitespace().count(), 2, "{}", second.2);
+    assert!(verifies(&c, &second) && verifies(B, &second));
+    let (ok, out, _) = namespace_cli(&node.grpc, &["secrets", "--json"]);
+    assert!(ok);
+    let listed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed[0]["namespace"], "signed");
+    assert_eq!(listed[0]["fingerprints"].as_array().unwrap().len(), 2);
+    assert!(!out.contains(&c) && !out.contains(B), "a listing shows a secret");
+
+    // Phase: the rotation finished, C alone signs.
+    let (ok, out, err) = namespace_cli(&node.grpc, &["drop-previous-secrets", "signed"]);
+    assert!(ok && out.contains("only"), "{out}{err}");
+    let third = deliver().await;
+    assert_eq!(third.2.split_whitespace().count(), 1, "{}", third.2);
+    assert!(verifies(&c, &third) && !verifies(B, &third));
+
+    // Bad input: a malformed whsec_ secret and a short one are refused, and
+    // nothing changes.
+    let (ok, _, err) = namespace_cli(&node.grpc, &["rotate-secret", "signed", "--secret", "whsec_%%%"]);
+    assert!(!ok && err.contains("base64"), "{err}");
+    let (ok, _, err) = namespace_cli(&node.grpc, &["rotate-secret", "signed", "--secret", "too-short"]);
+    assert!(!ok && err.contains("24 to 64 bytes"), "{err}");
+    assert!(verifies(&c, &deliver().await));
+
+    // Phase: cleared from the map, the file's secret applies again.
+    let (ok, out, err) = namespace_cli(&node.grpc, &["clear-secret", "signed"]);
+    assert!(ok && out.contains("removed"), "{out}{err}");
+    let fourth = deliver().await;
+    assert!(verifies(A, &fourth) && !verifies(&c, &fourth));
+    assert!(!node.log().contains(&c) && !node.log().contains(B), "the node's log shows a secret");
 }

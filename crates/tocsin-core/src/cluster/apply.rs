@@ -1,5 +1,6 @@
 //! How the cluster map changes: [`apply_cluster`], the metadata group's
-//! apply rule (bootstrap, compare-and-set map changes).
+//! apply rule (bootstrap, compare-and-set map changes, tokens, quotas and
+//! signing secrets).
 
 use crate::ShardId;
 use crate::routing::Ring;
@@ -8,14 +9,20 @@ use super::ClusterCommand;
 use super::ClusterMap;
 use super::ClusterOutcome;
 use super::MAX_ADDR_BYTES;
+use super::MAX_NAMESPACE_SETTINGS;
 use super::MAX_NODES;
+use super::MAX_PREVIOUS_SECRETS;
 use super::MAX_REPLICAS;
 use super::MapChange;
 use super::MapError;
 use super::MapNode;
+use super::NamespaceQuota;
+use super::NamespaceSecrets;
 use super::NewNode;
 use super::NodeStatus;
 use super::Placement;
+use super::SECRET_BYTES;
+use super::SecretChange;
 use super::TokenChange;
 use super::plan::sorted;
 
@@ -25,14 +32,16 @@ use super::plan::sorted;
 pub fn apply_cluster(map: &mut ClusterMap, cmd: &ClusterCommand, now_ms: u64) -> Result<ClusterOutcome, String> {
     map.check().map_err(|e| format!("the stored cluster map at epoch {} is corrupt: {e}", map.epoch))?;
     let result = match cmd {
-        ClusterCommand::Bootstrap { num_shards, replication_factor, nodes } => {
+        ClusterCommand::Bootstrap { num_shards, replication_factor, nodes, cluster_id } => {
             if map.is_bootstrapped() {
                 return Ok(ClusterOutcome::Unchanged { epoch: map.epoch });
             }
-            bootstrap(*num_shards, *replication_factor, nodes, now_ms)
+            bootstrap(*num_shards, *replication_factor, nodes, cluster_id, now_ms)
         }
         ClusterCommand::Change(change) => change_map(map, change, now_ms),
         ClusterCommand::Token(change) => change_tokens(map, change, now_ms),
+        ClusterCommand::Quota { namespace, quota } => change_quota(map, namespace, *quota, now_ms),
+        ClusterCommand::Secret { namespace, change } => change_secret(map, namespace, change, now_ms),
     };
     Ok(match result {
         Ok(Some(next)) => {
@@ -79,6 +88,101 @@ fn change_tokens(map: &ClusterMap, change: &TokenChange, now_ms: u64) -> Result<
     Ok(Some(next))
 }
 
+/// A namespace's quota: set (replacing any) or cleared.
+fn change_quota(
+    map: &ClusterMap,
+    namespace: &str,
+    quota: Option<NamespaceQuota>,
+    now_ms: u64,
+) -> Result<Option<ClusterMap>, MapError> {
+    if !map.is_bootstrapped() {
+        return Err(MapError::NotBootstrapped);
+    }
+    crate::validate::check_namespace(namespace).map_err(|e| MapError::Invalid(e.to_string()))?;
+    let mut next = map.clone();
+    match quota {
+        Some(q) if q == NamespaceQuota::default() => {
+            return Err(MapError::Invalid("a quota needs max_pending or creates_per_sec; clear it instead".into()));
+        }
+        Some(q) => {
+            if map.quotas.get(namespace) == Some(&q) {
+                return Ok(None);
+            }
+            if !map.quotas.contains_key(namespace) && map.quotas.len() >= MAX_NAMESPACE_SETTINGS {
+                return Err(MapError::Invalid(format!("at most {MAX_NAMESPACE_SETTINGS} namespaces have a quota")));
+            }
+            next.quotas.insert(namespace.to_string(), q);
+        }
+        None => {
+            if next.quotas.remove(namespace).is_none() {
+                return Ok(None);
+            }
+        }
+    }
+    next.epoch = map.epoch + 1;
+    next.changed_at_ms = now_ms;
+    Ok(Some(next))
+}
+
+/// A namespace's signing secrets: rotated, their rotation finished, or
+/// cleared.
+fn change_secret(
+    map: &ClusterMap,
+    namespace: &str,
+    change: &SecretChange,
+    now_ms: u64,
+) -> Result<Option<ClusterMap>, MapError> {
+    if !map.is_bootstrapped() {
+        return Err(MapError::NotBootstrapped);
+    }
+    crate::validate::check_namespace(namespace).map_err(|e| MapError::Invalid(e.to_string()))?;
+    let mut next = map.clone();
+    match change {
+        SecretChange::Rotate { secret } => {
+            if !SECRET_BYTES.contains(&secret.0.len()) {
+                return Err(MapError::Invalid(format!(
+                    "a signing secret has {} to {} bytes, not {}",
+                    SECRET_BYTES.start(),
+                    SECRET_BYTES.end(),
+                    secret.0.len()
+                )));
+            }
+            let entry = match next.secrets.remove(namespace) {
+                Some(mut old) => {
+                    if old.current == *secret || old.previous.contains(secret) {
+                        return Err(MapError::Invalid("that secret was used before; draw a new one".into()));
+                    }
+                    old.previous.insert(0, std::mem::replace(&mut old.current, secret.clone()));
+                    old.previous.truncate(MAX_PREVIOUS_SECRETS);
+                    old.rotated_at_ms = now_ms;
+                    old
+                }
+                None => {
+                    if map.secrets.len() >= MAX_NAMESPACE_SETTINGS {
+                        return Err(MapError::Invalid(format!(
+                            "at most {MAX_NAMESPACE_SETTINGS} namespaces have a secret"
+                        )));
+                    }
+                    NamespaceSecrets { current: secret.clone(), previous: Vec::new(), rotated_at_ms: now_ms }
+                }
+            };
+            next.secrets.insert(namespace.to_string(), entry);
+        }
+        SecretChange::DropPrevious => match next.secrets.get_mut(namespace) {
+            Some(s) if !s.previous.is_empty() => s.previous.clear(),
+            _ => return Ok(None),
+        },
+        SecretChange::Clear => {
+            if next.secrets.remove(namespace).is_none() {
+                return Ok(None);
+            }
+        }
+    }
+    next.epoch = map.epoch + 1;
+    next.changed_at_ms = now_ms;
+    Ok(Some(next))
+}
+
 fn check_new_node(node: &NewNode) -> Result<(), MapError> {
     if node.id == 0 {
         return Err(MapError::Invalid("node ids start at 1".into()));
@@ -96,12 +200,23 @@ fn bootstrap(
     num_shards: u32,
     replication_factor: u32,
     nodes: &[NewNode],
+    cluster_id: &str,
     now_ms: u64,
 ) -> Result<Option<ClusterMap>, MapError> {
     if num_shards == 0 || replication_factor == 0 || nodes.is_empty() {
         return Err(MapError::Invalid("a cluster needs shards, a replication factor and a node".into()));
     }
-    let mut map = ClusterMap { epoch: 1, num_shards, replication_factor, changed_at_ms: now_ms, ..Default::default() };
+    if !super::is_cluster_id(cluster_id) {
+        return Err(MapError::Invalid(format!("cluster id {cluster_id:?} is not 16 hex digits")));
+    }
+    let mut map = ClusterMap {
+        epoch: 1,
+        num_shards,
+        replication_factor,
+        changed_at_ms: now_ms,
+        cluster_id: cluster_id.to_string(),
+        ..Default::default()
+    };
     for n in nodes {
         check_new_node(n)?;
         let entry = MapNode {

@@ -126,6 +126,75 @@ pub struct ClusterMap {
     /// Bearer tokens by id (see `crate::auth`): stored hashed, so every
     /// node checks a call against the same grants.
     pub tokens: BTreeMap<String, crate::auth::TokenRecord>,
+    /// Drawn at bootstrap, never changed: it names this cluster in every
+    /// fire id and delivery, so a receiver tells a rebuilt cluster's
+    /// deliveries (whose epochs start again) from the old one's.
+    pub cluster_id: String,
+    /// Per-namespace quotas (see [`NamespaceQuota`]).
+    pub quotas: BTreeMap<String, NamespaceQuota>,
+    /// Per-namespace webhook signing secrets; they take precedence over a
+    /// node's configuration file, so a rotation reaches every node at once
+    /// without a restart.
+    pub secrets: BTreeMap<String, NamespaceSecrets>,
+}
+
+/// Most namespaces with a quota, and with a secret.
+pub const MAX_NAMESPACE_SETTINGS: usize = 10_000;
+/// Most secrets being rotated out per namespace: deliveries carry one
+/// signature per secret.
+pub const MAX_PREVIOUS_SECRETS: usize = 2;
+/// Shortest and longest signing secret, in bytes.
+pub const SECRET_BYTES: std::ops::RangeInclusive<usize> = 24..=64;
+
+/// Whether `id` has the shape of a cluster id: 16 lowercase hex digits.
+pub fn is_cluster_id(id: &str) -> bool {
+    id.len() == 16 && id.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// A namespace's limits; 0 means no limit.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespaceQuota {
+    /// Most unfinished timers (scheduled, firing or retrying) at once.
+    pub max_pending: u64,
+    /// Most creates per second, cluster-wide.
+    pub creates_per_sec: u64,
+}
+
+impl NamespaceQuota {
+    /// One shard's share of `limit` (timers spread over the shards by id
+    /// hash), rounded up so a small limit still admits something; 0 stays
+    /// "no limit".
+    pub fn share(limit: u64, num_shards: u32) -> u64 {
+        if limit == 0 { 0 } else { limit.div_ceil(u64::from(num_shards.max(1))) }
+    }
+}
+
+/// A webhook signing secret: its bytes never appear in `Debug` output.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Secret(pub Vec<u8>);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Secret(<{} bytes redacted>)", self.0.len())
+    }
+}
+
+/// A namespace's signing secrets: every delivery is signed with the
+/// current one and each previous one (Standard Webhooks allows several
+/// signatures), so receivers move to the new secret at their own pace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamespaceSecrets {
+    pub current: Secret,
+    /// Newest first, at most [`MAX_PREVIOUS_SECRETS`].
+    pub previous: Vec<Secret>,
+    pub rotated_at_ms: u64,
+}
+
+impl NamespaceSecrets {
+    /// The keys to sign with, the current one first.
+    pub fn keys(&self) -> impl Iterator<Item = &[u8]> {
+        std::iter::once(self.current.0.as_slice()).chain(self.previous.iter().map(|s| s.0.as_slice()))
+    }
 }
 
 /// A node to add, as the operator names it.
@@ -160,10 +229,35 @@ pub enum ClusterCommand {
         num_shards: u32,
         replication_factor: u32,
         nodes: Vec<NewNode>,
+        /// See [`ClusterMap::cluster_id`]; drawn by the node that
+        /// bootstraps.
+        cluster_id: String,
     },
     Change(MapChange),
     /// Creates or revokes a bearer token.
     Token(TokenChange),
+    /// Sets (`Some`) or clears (`None`) a namespace's quota.
+    Quota {
+        namespace: String,
+        quota: Option<NamespaceQuota>,
+    },
+    /// Changes a namespace's signing secrets.
+    Secret {
+        namespace: String,
+        change: SecretChange,
+    },
+}
+
+/// A change to a namespace's signing secrets.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum SecretChange {
+    /// `secret` becomes current; the current one moves to the front of the
+    /// previous ones (the oldest beyond [`MAX_PREVIOUS_SECRETS`] is dropped).
+    Rotate { secret: Secret },
+    /// Stops signing with the previous secrets (the rotation is over).
+    DropPrevious,
+    /// Removes the namespace's secrets (the node's file applies again).
+    Clear,
 }
 
 /// A change to the map's tokens.
@@ -262,6 +356,21 @@ impl ClusterMap {
         for (id, t) in &self.tokens {
             t.check().map_err(|e| format!("token {id}: {e}"))?;
         }
+        if !is_cluster_id(&self.cluster_id) {
+            return Err(format!("cluster id {:?} is not 16 hex digits", self.cluster_id));
+        }
+        if self.quotas.len() > MAX_NAMESPACE_SETTINGS || self.secrets.len() > MAX_NAMESPACE_SETTINGS {
+            return Err(format!(
+                "{} quotas and {} secrets, more than {MAX_NAMESPACE_SETTINGS}",
+                self.quotas.len(),
+                self.secrets.len()
+            ));
+        }
+        for (ns, s) in &self.secrets {
+            if s.previous.len() > MAX_PREVIOUS_SECRETS || s.keys().any(|k| !SECRET_BYTES.contains(&k.len())) {
+                return Err(format!("namespace {ns}'s secrets break the size rules"));
+            }
+        }
         for (shard, p) in self.shards.iter().enumerate() {
             if p.replicas.is_empty() {
                 return Err(format!("shard {shard} has no target replica"));
@@ -310,6 +419,7 @@ mod tests {
             num_shards: shards,
             replication_factor: 3,
             nodes: nodes.iter().map(|n| node(*n)).collect(),
+            cluster_id: "0123456789abcdef".into(),
         };
         assert_eq!(apply_cluster(&mut map, &cmd, 5).unwrap(), ClusterOutcome::Changed { epoch: 1 });
         map
@@ -356,12 +466,84 @@ mod tests {
     }
 
     #[test]
+    fn quotas_are_set_replaced_and_cleared_with_the_epoch_raised() {
+        let mut map = booted(&[1, 2, 3], 4);
+        let set = |q: Option<NamespaceQuota>| ClusterCommand::Quota { namespace: "orders".into(), quota: q };
+        let q = NamespaceQuota { max_pending: 10, creates_per_sec: 0 };
+        assert_eq!(apply_cluster(&mut map, &set(Some(q)), 6).unwrap(), ClusterOutcome::Changed { epoch: 2 });
+        assert_eq!(map.quotas["orders"], q);
+        assert_eq!(apply_cluster(&mut map, &set(Some(q)), 7).unwrap(), ClusterOutcome::Unchanged { epoch: 2 });
+        let empty = apply_cluster(&mut map, &set(Some(NamespaceQuota::default())), 7).unwrap();
+        assert!(matches!(empty, ClusterOutcome::Refused { epoch: 2, .. }), "{empty:?}");
+        let bad = ClusterCommand::Quota { namespace: "no spaces".into(), quota: Some(q) };
+        assert!(matches!(apply_cluster(&mut map, &bad, 7).unwrap(), ClusterOutcome::Refused { .. }));
+        assert_eq!(apply_cluster(&mut map, &set(None), 8).unwrap(), ClusterOutcome::Changed { epoch: 3 });
+        assert!(map.quotas.is_empty());
+        assert_eq!(apply_cluster(&mut map, &set(None), 9).unwrap(), ClusterOutcome::Unchanged { epoch: 3 });
+        assert_eq!(NamespaceQuota::share(10, 4), 3);
+        assert_eq!(NamespaceQuota::share(0, 4), 0);
+        assert_eq!(NamespaceQuota::share(1, 12), 1);
+    }
+
+    #[test]
+    fn secrets_rotate_keeping_two_previous_and_never_print() {
+        let mut map = booted(&[1, 2, 3], 4);
+        let rotate = |b: u8| ClusterCommand::Secret {
+            namespace: "orders".into(),
+            change: SecretChange::Rotate { secret: Secret(vec![b; 32]) },
+        };
+        for (i, b) in [1u8, 2, 3, 4].into_iter().enumerate() {
+            let epoch = 2 + i as u64;
+            assert_eq!(apply_cluster(&mut map, &rotate(b), 10).unwrap(), ClusterOutcome::Changed { epoch });
+        }
+        let s = &map.secrets["orders"];
+        let keys: Vec<u8> = s.keys().map(|k| k[0]).collect();
+        assert_eq!(keys, vec![4, 3, 2], "current first, then at most two previous, newest first");
+        // A secret used before is refused; a short one too.
+        assert!(matches!(apply_cluster(&mut map, &rotate(3), 11).unwrap(), ClusterOutcome::Refused { .. }));
+        let short = ClusterCommand::Secret {
+            namespace: "orders".into(),
+            change: SecretChange::Rotate { secret: Secret(vec![9; 8]) },
+        };
+        assert!(matches!(apply_cluster(&mut map, &short, 11).unwrap(), ClusterOutcome::Refused { .. }));
+        let drop = ClusterCommand::Secret { namespace: "orders".into(), change: SecretChange::DropPrevious };
+        assert_eq!(apply_cluster(&mut map, &drop, 12).unwrap(), ClusterOutcome::Changed { epoch: 6 });
+        assert_eq!(map.secrets["orders"].keys().count(), 1);
+        assert_eq!(apply_cluster(&mut map, &drop, 12).unwrap(), ClusterOutcome::Unchanged { epoch: 6 });
+        let printed = format!("{map:?}");
+        assert!(!printed.contains("4, 4, 4"), "a secret's bytes in Debug output: {printed}");
+        assert!(printed.contains("redacted"));
+        let clear = ClusterCommand::Secret { namespace: "orders".into(), change: SecretChange::Clear };
+        assert_eq!(apply_cluster(&mut map, &clear, 13).unwrap(), ClusterOutcome::Changed { epoch: 7 });
+        assert!(map.secrets.is_empty());
+    }
+
+    #[test]
+    fn bootstrap_draws_on_a_well_formed_cluster_id() {
+        let mut map = ClusterMap::default();
+        let bad = ClusterCommand::Bootstrap {
+            num_shards: 1,
+            replication_factor: 1,
+            nodes: vec![node(1)],
+            cluster_id: "not-hex".into(),
+        };
+        assert!(matches!(apply_cluster(&mut map, &bad, 1).unwrap(), ClusterOutcome::Refused { epoch: 0, .. }));
+        assert_eq!(booted(&[1], 1).cluster_id, "0123456789abcdef");
+        assert!(is_cluster_id("0123456789abcdef") && !is_cluster_id("0123456789ABCDEF"));
+    }
+
+    #[test]
     fn bootstrap_places_every_shard_once() {
         let mut map = booted(&[1, 2, 3], 8);
         assert!(map.shards.iter().all(|p| p.replicas == vec![1, 2, 3] && p.epoch == 1));
         assert_eq!(map.ring.len(), 3 * crate::routing::TOKENS_PER_NODE as usize);
         // A second bootstrap (another metadata leader's) changes nothing.
-        let again = ClusterCommand::Bootstrap { num_shards: 4, replication_factor: 1, nodes: vec![node(9)] };
+        let again = ClusterCommand::Bootstrap {
+            num_shards: 4,
+            replication_factor: 1,
+            nodes: vec![node(9)],
+            cluster_id: "fedcba9876543210".into(),
+        };
         assert_eq!(apply_cluster(&mut map, &again, 9).unwrap(), ClusterOutcome::Unchanged { epoch: 1 });
         assert_eq!(map.num_shards, 8);
         // One node: every shard on it.

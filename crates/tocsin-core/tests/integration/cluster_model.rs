@@ -104,6 +104,7 @@ proptest! {
             num_shards: SHARDS,
             replication_factor: 3,
             nodes: (1..=3).map(new_node).collect(),
+            cluster_id: "0123456789abcdef".into(),
         };
         prop_assert_eq!(apply_cluster(&mut map, &boot, 1).unwrap(), ClusterOutcome::Changed { epoch: 1 });
         let mut removed: BTreeSet<u64> = BTreeSet::new();

@@ -14,6 +14,9 @@ use tocsin_core::auth::Scope;
 use tocsin_core::auth::TokenRecord;
 use tocsin_core::cluster::ClusterCommand;
 use tocsin_core::cluster::ClusterOutcome;
+use tocsin_core::cluster::NamespaceQuota;
+use tocsin_core::cluster::Secret;
+use tocsin_core::cluster::SecretChange;
 use tocsin_core::cluster::TokenChange;
 
 use crate::control::ops;
@@ -74,10 +77,15 @@ impl AdminApi {
         self.authorize(request, Some(Scope::Admin))
     }
 
-    /// Proposes a token command and tells every node the map epoch it made;
-    /// `Some(epoch)` if it changed the map, `None` if there was nothing to do.
+    /// Proposes a token, quota or secret command and tells every node the
+    /// map epoch it made; `Some(epoch)` if it changed the map, `None` if
+    /// there was nothing to do.
     async fn propose_token(&self, change: TokenChange) -> Result<(Option<u64>, u64), Status> {
-        match crate::control::meta::propose(&self.node, ClusterCommand::Token(change)).await? {
+        self.propose_and_announce(ClusterCommand::Token(change)).await
+    }
+
+    async fn propose_and_announce(&self, command: ClusterCommand) -> Result<(Option<u64>, u64), Status> {
+        match crate::control::meta::propose(&self.node, command).await? {
             ClusterOutcome::Changed { epoch } => {
                 crate::control::meta::announce(&self.node, epoch).await;
                 Ok((Some(epoch), epoch))
@@ -300,5 +308,106 @@ impl pb::admin_service_server::AdminService for AdminApi {
         }
         let (changed, map_epoch) = self.propose_token(TokenChange::Revoke { id }).await?;
         Ok(Response::new(pb::RevokeTokenResponse { revoked: changed.is_some(), map_epoch }))
+    }
+
+    async fn set_namespace_quota(
+        &self,
+        request: Request<pb::SetNamespaceQuotaRequest>,
+    ) -> Result<Response<pb::SetNamespaceQuotaResponse>, Status> {
+        self.admin_only(&request)?;
+        let q = request.into_inner().quota.unwrap_or_default();
+        tocsin_core::validate::check_namespace(&q.namespace)
+            .map_err(|e| NodeError::invalid("quota.namespace", e.to_string()))?;
+        let quota = NamespaceQuota { max_pending: q.max_pending, creates_per_sec: q.creates_per_sec };
+        let quota = (quota != NamespaceQuota::default()).then_some(quota);
+        let (changed, map_epoch) =
+            self.propose_and_announce(ClusterCommand::Quota { namespace: q.namespace, quota }).await?;
+        Ok(Response::new(pb::SetNamespaceQuotaResponse { changed: changed.is_some(), map_epoch }))
+    }
+
+    async fn list_namespace_quotas(
+        &self,
+        request: Request<pb::ListNamespaceQuotasRequest>,
+    ) -> Result<Response<pb::ListNamespaceQuotasResponse>, Status> {
+        self.admin_only(&request)?;
+        let map = crate::control::meta::read_latest(&self.node).await?;
+        let quotas = map
+            .quotas
+            .iter()
+            .map(|(ns, q)| pb::NamespaceQuota {
+                namespace: ns.clone(),
+                max_pending: q.max_pending,
+                creates_per_sec: q.creates_per_sec,
+            })
+            .collect();
+        Ok(Response::new(pb::ListNamespaceQuotasResponse { quotas }))
+    }
+
+    async fn set_namespace_secret(
+        &self,
+        request: Request<pb::SetNamespaceSecretRequest>,
+    ) -> Result<Response<pb::SetNamespaceSecretResponse>, Status> {
+        use pb::set_namespace_secret_request::Action;
+        self.admin_only(&request)?;
+        let req = request.into_inner();
+        tocsin_core::validate::check_namespace(&req.namespace)
+            .map_err(|e| NodeError::invalid("namespace", e.to_string()))?;
+        let mut drawn = String::new();
+        let change = match Action::try_from(req.action).unwrap_or(Action::Unspecified) {
+            Action::Rotate => {
+                let text = if req.secret.is_empty() {
+                    drawn = crate::auth::new_webhook_secret();
+                    drawn.clone()
+                } else {
+                    req.secret
+                };
+                // A malformed whsec_ secret is an error, never raw bytes.
+                let bytes = tocsin_contract::signing::secret_bytes(&text).map_err(|_| {
+                    NodeError::invalid("secret", "a whsec_ secret must be whsec_ followed by standard base64")
+                })?;
+                if !tocsin_core::cluster::SECRET_BYTES.contains(&bytes.len()) {
+                    return Err(NodeError::invalid(
+                        "secret",
+                        format!("a signing secret has 24 to 64 bytes, not {}", bytes.len()),
+                    )
+                    .into());
+                }
+                SecretChange::Rotate { secret: Secret(bytes) }
+            }
+            Action::DropPrevious => SecretChange::DropPrevious,
+            Action::Clear => SecretChange::Clear,
+            Action::Unspecified => {
+                return Err(NodeError::invalid("action", "one of ROTATE, DROP_PREVIOUS or CLEAR").into());
+            }
+        };
+        let namespace = req.namespace.clone();
+        let (changed, map_epoch) = self.propose_and_announce(ClusterCommand::Secret { namespace, change }).await?;
+        let map = self.node.map.get();
+        let fingerprint =
+            map.secrets.get(&req.namespace).map(|s| crate::auth::fingerprint(&s.current.0)).unwrap_or_default();
+        Ok(Response::new(pb::SetNamespaceSecretResponse {
+            changed: changed.is_some(),
+            map_epoch,
+            secret: drawn,
+            fingerprint,
+        }))
+    }
+
+    async fn list_namespace_secrets(
+        &self,
+        request: Request<pb::ListNamespaceSecretsRequest>,
+    ) -> Result<Response<pb::ListNamespaceSecretsResponse>, Status> {
+        self.admin_only(&request)?;
+        let map = crate::control::meta::read_latest(&self.node).await?;
+        let secrets = map
+            .secrets
+            .iter()
+            .map(|(ns, s)| pb::NamespaceSecretInfo {
+                namespace: ns.clone(),
+                fingerprints: s.keys().map(crate::auth::fingerprint).collect(),
+                rotated_at_ms: s.rotated_at_ms,
+            })
+            .collect();
+        Ok(Response::new(pb::ListNamespaceSecretsResponse { secrets }))
     }
 }

@@ -72,6 +72,11 @@ pub struct MapCache {
     pub(crate) wanted: std::sync::atomic::AtomicU64,
     /// Wakes the reconcile loop for an early refresh.
     pub stale: tokio::sync::Notify,
+    /// The cluster id of the first bootstrapped map taken (it never
+    /// changes), shared with every shard (`ShardCtx::cluster_id`).
+    cluster_id: Arc<std::sync::OnceLock<String>>,
+    /// Called with each newer map this node takes (set once at start).
+    on_learn: std::sync::OnceLock<Box<dyn Fn(&ClusterMap) + Send + Sync>>,
 }
 
 impl MapCache {
@@ -85,10 +90,37 @@ impl MapCache {
         if map.epoch > cached.epoch {
             tracing::info!(from = cached.epoch, to = map.epoch, "learned a newer cluster map");
             metrics::gauge!("tocsin_map_epoch").set(map.epoch as f64);
+            if map.is_bootstrapped() {
+                let id = self.cluster_id.get_or_init(|| map.cluster_id.clone());
+                if *id != map.cluster_id {
+                    // Nodes of two clusters mixed up: never sign one's
+                    // deliveries with the other's id.
+                    tracing::error!(known = %id, learned = %map.cluster_id, "a cluster map of another cluster; ignored");
+                    return false;
+                }
+            }
             *cached = Arc::new(map);
+            if let Some(hook) = self.on_learn.get() {
+                hook(&cached);
+            }
             return true;
         }
         false
+    }
+
+    /// The cell holding the cluster id once known.
+    pub fn cluster_id_cell(&self) -> Arc<std::sync::OnceLock<String>> {
+        self.cluster_id.clone()
+    }
+
+    /// Calls `hook` with the cached map now and with every newer one this
+    /// node takes from now on (the webhook sender's signing secrets).
+    pub fn on_learn(&self, hook: impl Fn(&ClusterMap) + Send + Sync + 'static) {
+        let cached = self.map.read().expect("map lock");
+        hook(&cached);
+        if self.on_learn.set(Box::new(hook)).is_err() {
+            tracing::error!("the cluster map's learn hook was set twice; the second is ignored");
+        }
     }
 
     /// Someone routed by `epoch`: if that is newer than the cache, refresh

@@ -406,11 +406,19 @@ async fn bootstrap(node: &NodeState) {
         num_shards: node.config.num_shards,
         replication_factor: node.config.replication_factor as u32,
         nodes,
+        cluster_id: new_cluster_id(),
     };
     match propose_here(node, cmd).await {
         Ok((outcome, index)) => tracing::info!(?outcome, index, "bootstrapped the cluster map"),
         Err(e) => tracing::warn!(error = %e, "bootstrapping the cluster map"),
     }
+}
+
+/// A random cluster id (16 hex digits): if two nodes race to bootstrap,
+/// the first entry applied wins and the other is a no-op, so every node
+/// learns the same id.
+fn new_cluster_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
 }
 
 /// Tells every other node that map `epoch` exists, so each refreshes its

@@ -128,6 +128,7 @@ pub async fn cluster_info(node: &Arc<NodeState>) -> pb::ClusterInfo {
         nodes: nodes(node),
         shards,
         metadata: Some(node.meta_status()),
+        cluster_id: map.cluster_id.clone(),
     }
 }
 

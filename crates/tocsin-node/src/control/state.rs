@@ -269,6 +269,7 @@ impl NodeState {
                 store: self.store.clone(),
                 config: self.config.clone(),
                 clock: self.clock.clone(),
+                cluster_id: self.map.cluster_id_cell(),
             },
         ));
         self.groups.insert(group, raft);

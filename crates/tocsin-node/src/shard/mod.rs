@@ -59,6 +59,9 @@ pub struct ShardEnv {
     pub store: Arc<Store>,
     pub config: Arc<NodeConfig>,
     pub clock: Arc<Clock>,
+    /// The cluster's id, set once this node learns a bootstrapped map
+    /// (`MapCache::cluster_id_cell`).
+    pub cluster_id: Arc<std::sync::OnceLock<String>>,
 }
 
 /// Everything about one hosted shard.
@@ -88,6 +91,7 @@ pub struct ShardCtx {
     /// leader lease, the minimum election timeout (no follower elects before
     /// it runs out).
     lease: Duration,
+    cluster_id: Arc<std::sync::OnceLock<String>>,
 }
 
 impl ShardCtx {
@@ -99,7 +103,7 @@ impl ShardCtx {
         events: Arc<EventSink>,
         env: ShardEnv,
     ) -> ShardCtx {
-        let ShardEnv { store, config, clock } = env;
+        let ShardEnv { store, config, clock, cluster_id } = env;
         let lease = Duration::from_millis(config.raft.election_timeout_min_ms);
         ShardCtx {
             shard,
@@ -117,7 +121,15 @@ impl ShardCtx {
             move_error: std::sync::Mutex::new((String::new(), None)),
             lateness_ms: std::sync::Mutex::new(std::collections::VecDeque::with_capacity(LATENESS_SAMPLES)),
             lease,
+            cluster_id,
         }
+    }
+
+    /// The cluster's id, once this node has learned the map: every fire id
+    /// and delivery carries it. `None` only on a node that has not seen a
+    /// bootstrapped map yet.
+    pub fn cluster_id(&self) -> Option<&str> {
+        self.cluster_id.get().map(String::as_str)
     }
 
     /// Records how late a fire of this shard was.

@@ -242,6 +242,14 @@ async fn check_same(sm: &StateMachine, proposals: &[Proposal], group: u64, recor
     }
     let total: u64 = reference.horizon.iter().filter(|((ns, _), _)| ns == "orders").map(|(_, c)| c).sum();
     assert_eq!(store.horizon_count(group, "orders", 0, u64::MAX / 60_000).unwrap(), total);
+    // Each namespace's count of unfinished timers, for its quota.
+    let mut unfinished: BTreeMap<String, u64> = BTreeMap::new();
+    for (key, record) in &reference.timers {
+        *unfinished.entry(key.namespace.clone()).or_default() += u64::from(record.due().is_some());
+    }
+    for (namespace, count) in &unfinished {
+        assert_eq!(store.pending_count(group, namespace).unwrap(), *count, "pending in {namespace}");
+    }
     assert_eq!(store.shard_meta(group).unwrap(), meta);
 }
 

@@ -48,7 +48,12 @@ async fn the_cluster_map_is_applied_durably_and_travels_by_snapshot() {
     // Phase: bootstrap, add a node, and a stale change that is refused.
     let sm = StateMachine::open(store.clone(), META_GROUP).await.unwrap();
     assert_eq!(store.cluster_map().unwrap().epoch, 0, "no map before the bootstrap");
-    let boot = ClusterCommand::Bootstrap { num_shards: 8, replication_factor: 3, nodes: (1..=3).map(node).collect() };
+    let boot = ClusterCommand::Bootstrap {
+        num_shards: 8,
+        replication_factor: 3,
+        nodes: (1..=3).map(node).collect(),
+        cluster_id: "00000000000000aa".into(),
+    };
     let add = ClusterCommand::Change(MapChange { expected_epoch: 1, add: vec![node(4)], ..Default::default() });
     let stale = ClusterCommand::Change(MapChange { expected_epoch: 1, add: vec![node(5)], ..Default::default() });
     let responses = support::apply(
@@ -101,7 +106,12 @@ async fn a_command_of_the_wrong_kind_stops_the_group() {
     assert_eq!(store.cluster_map().unwrap().epoch, 0);
     // A cluster command in a shard's log.
     let shard = StateMachine::open(store.clone(), 3).await.unwrap();
-    let boot = ClusterCommand::Bootstrap { num_shards: 1, replication_factor: 1, nodes: vec![node(1)] };
+    let boot = ClusterCommand::Bootstrap {
+        num_shards: 1,
+        replication_factor: 1,
+        nodes: vec![node(1)],
+        cluster_id: "00000000000000bb".into(),
+    };
     let err = shard.apply_entries(vec![cluster(1, boot)]).await.unwrap_err();
     assert_eq!(err.kind(), std::io::ErrorKind::InvalidData, "{err}");
     assert_eq!(store.cluster_map().unwrap().epoch, 0);

@@ -89,17 +89,19 @@ impl TimerApi {
             return Err(NodeError::invalid("deliveries", message).into());
         }
         let mut statuses = vec![AckStatus::NotFound; refs.len()];
+        let cluster_id = self.node.map.cluster_id_cell();
         let mut by_shard: BTreeMap<u32, Vec<(usize, pb::DeliveryRef, TimerKey, u64)>> = BTreeMap::new();
         for (i, r) in refs.into_iter().enumerate() {
             let key = TimerKey::new(r.namespace.clone(), r.id.clone());
             validate::check_key(&key).map_err(NodeError::from)?;
-            let parsed = r.fire_id.strip_prefix("f-").and_then(|s| s.split_once('-'));
-            let Some((shard, index)) = parsed.and_then(|(s, i)| Some((s.parse::<u32>().ok()?, i.parse::<u64>().ok()?)))
-            else {
+            let Some((cluster, shard, index)) = tocsin_core::timer::parse_fire_id(&r.fire_id) else {
                 return Err(
                     NodeError::invalid("deliveries.fire_id", format!("{:?} is not a fire id", r.fire_id)).into()
                 );
             };
+            if cluster_id.get().map(String::as_str) != Some(cluster) {
+                continue; // NOT_FOUND: another cluster's (an old one's) firing
+            }
             let owner = tocsin_core::routing::shard_for(&key.namespace, &key.id, self.node.config.num_shards);
             if owner != shard {
                 continue; // NOT_FOUND: that firing cannot belong to this key

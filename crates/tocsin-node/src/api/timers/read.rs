@@ -38,7 +38,9 @@ impl TimerApi {
         let Keyed { key, shard } = target;
         let ctx = self.node.shard(shard)?;
         match self.read_record(&ctx, &key).await? {
-            Some(record) => Ok(pb::GetTimerResponse { timer: Some(json::timer_proto(ctx.shard, &key, &record)) }),
+            Some(record) => Ok(pb::GetTimerResponse {
+                timer: Some(json::timer_proto(ctx.cluster_id().unwrap_or_default(), ctx.shard, &key, &record)),
+            }),
             None => Err(NodeError::NotFound(format!("no timer {key}"))),
         }
     }
@@ -102,7 +104,8 @@ impl TimerApi {
                     .await
                     .map_err(|e| NodeError::Internal(e.to_string()))?
                     .map_err(|e| NodeError::Internal(format!("listing: {e}")))?;
-                    timers.extend(page.iter().map(|(k, r)| json::timer_proto(shard, k, r)));
+                    let cluster_id = ctx.cluster_id().unwrap_or_default();
+                    timers.extend(page.iter().map(|(k, r)| json::timer_proto(cluster_id, shard, k, r)));
                     resume
                 }
                 Err(e) => {

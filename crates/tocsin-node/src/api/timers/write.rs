@@ -9,6 +9,7 @@ use tocsin_contract::json;
 use tocsin_core::Command;
 use tocsin_core::CommandResult;
 use tocsin_core::TimerKey;
+use tocsin_core::cluster::NamespaceQuota;
 use tocsin_core::command::SkipReason;
 use tocsin_core::validate;
 use tocsin_proto::v1 as pb;
@@ -48,9 +49,10 @@ impl TimerApi {
         result: CommandResult,
     ) -> Result<pb::CreateTimerResponse, NodeError> {
         match result {
-            CommandResult::Created { record, created } => {
-                Ok(pb::CreateTimerResponse { timer: Some(json::timer_proto(ctx.shard, key, &record)), created })
-            }
+            CommandResult::Created { record, created } => Ok(pb::CreateTimerResponse {
+                timer: Some(json::timer_proto(ctx.cluster_id().unwrap_or_default(), ctx.shard, key, &record)),
+                created,
+            }),
             CommandResult::AlreadyExists { .. } => {
                 Err(NodeError::AlreadyExists(format!("timer {key} already exists with a different spec")))
             }
@@ -68,11 +70,70 @@ impl TimerApi {
         // request is forwarded and charged only where it is proposed.
         ctx.check_leader().map_err(propose_error)?;
         self.node.admission.admit_create(&valid.target.key.namespace, 1)?;
+        self.admit_quota(&ctx, &valid.target.key.namespace, vec![valid.target.key.clone()]).await?;
         ctx.proposer.admit_create().map_err(propose_error)?;
         let key = valid.target.key.clone();
         let command = self.create_command(valid)?;
         let (_, result) = ctx.proposer.propose(command).await.map_err(propose_error)?;
         self.create_result(&ctx, &key, result)
+    }
+
+    /// Checks `namespace`'s quota (if it has one) for creates of `keys` on
+    /// `ctx`'s shard: its create rate and its pending timers, each the
+    /// shard's share of the cluster-wide limit. Pending is counted as of
+    /// the last applied entry, so creates in flight at that moment can pass
+    /// it by at most their number. When the pending limit is reached, a
+    /// create (or a batch's creates in the namespace) whose keys all exist
+    /// already, a client's retry answered by apply as before, is still let
+    /// through: only creates that would add a timer are refused.
+    pub(super) async fn admit_quota(
+        &self,
+        ctx: &ShardCtx,
+        namespace: &str,
+        keys: Vec<TimerKey>,
+    ) -> Result<(), NodeError> {
+        let map = self.node.map.get();
+        let Some(quota) = map.quotas.get(namespace).copied() else { return Ok(()) };
+        let num_shards = self.node.config.num_shards;
+        let count = keys.len() as u64;
+        let rate = NamespaceQuota::share(quota.creates_per_sec, num_shards);
+        if rate > 0 {
+            self.node.admission.admit_quota_rate(namespace, ctx.shard, rate, count)?;
+        }
+        let max_pending = NamespaceQuota::share(quota.max_pending, num_shards);
+        if max_pending == 0 {
+            return Ok(());
+        }
+        let (store, group, ns) = (ctx.store.clone(), ctx.group, namespace.to_string());
+        let verdict = tokio::task::spawn_blocking(move || -> std::io::Result<Option<u64>> {
+            let pending = store.pending_count(group, &ns)?;
+            if pending.saturating_add(count) <= max_pending {
+                return Ok(None);
+            }
+            for key in &keys {
+                if store.get_timer(group, key)?.is_none() {
+                    return Ok(Some(pending));
+                }
+            }
+            Ok(None)
+        })
+        .await
+        .map_err(|e| NodeError::Internal(format!("quota check: {e}")))?
+        .map_err(|e| NodeError::Internal(format!("quota check: {e}")))?;
+        match verdict {
+            None => Ok(()),
+            Some(pending) => {
+                metrics::counter!("tocsin_creates_over_quota_total", "quota" => "max_pending").increment(count);
+                Err(NodeError::ResourceExhausted {
+                    message: format!(
+                        "namespace {namespace} is at its quota of {} unfinished timers ({pending} on shard {}, \
+                         whose share is {max_pending}); cancel some or wait for them to fire",
+                        quota.max_pending, ctx.shard
+                    ),
+                    retry_after_ms: 1_000,
+                })
+            }
+        }
     }
 
     pub(super) async fn cancel(&self, target: Keyed) -> Result<pb::CancelTimerResponse, NodeError> {
@@ -93,8 +154,8 @@ impl TimerApi {
         };
         Ok(pb::CancelTimerResponse {
             outcome: outcome as i32,
-            fire: record.as_ref().and_then(|r| json::fire_proto(ctx.shard, r)),
-            timer: record.as_ref().map(|r| json::timer_proto(ctx.shard, &key, r)),
+            fire: record.as_ref().and_then(|r| json::fire_proto(ctx.cluster_id().unwrap_or_default(), ctx.shard, r)),
+            timer: record.as_ref().map(|r| json::timer_proto(ctx.cluster_id().unwrap_or_default(), ctx.shard, &key, r)),
             applied_index: index,
         })
     }
@@ -106,9 +167,9 @@ impl TimerApi {
         let command = Command::Reschedule { key: key.clone(), expected_generation, fire_at_ms };
         let (_, result) = ctx.proposer.propose(command).await.map_err(|e| NodeError::from_propose(ctx.shard, e))?;
         match result {
-            CommandResult::Rescheduled { record } => {
-                Ok(pb::RescheduleTimerResponse { timer: Some(json::timer_proto(ctx.shard, &key, &record)) })
-            }
+            CommandResult::Rescheduled { record } => Ok(pb::RescheduleTimerResponse {
+                timer: Some(json::timer_proto(ctx.cluster_id().unwrap_or_default(), ctx.shard, &key, &record)),
+            }),
             CommandResult::GenerationMismatch { current } => Err(NodeError::FailedPrecondition(format!(
                 "generation is {current}, not {expected_generation}: the timer changed since you read it"
             ))),
@@ -175,10 +236,25 @@ impl TimerApi {
         for (_, valid) in &items {
             *per_namespace.entry(valid.target.key.namespace.as_str()).or_default() += 1;
         }
-        let refused: HashMap<String, NodeError> = per_namespace
+        let mut refused: HashMap<String, NodeError> = per_namespace
             .into_iter()
             .filter_map(|(ns, count)| self.node.admission.admit_create(ns, count).err().map(|e| (ns.to_string(), e)))
             .collect();
+        let map = self.node.map.get();
+        if !map.quotas.is_empty() {
+            let mut by_namespace: BTreeMap<&str, Vec<TimerKey>> = BTreeMap::new();
+            for (_, valid) in &items {
+                let ns = valid.target.key.namespace.as_str();
+                if map.quotas.contains_key(ns) && !refused.contains_key(ns) {
+                    by_namespace.entry(ns).or_default().push(valid.target.key.clone());
+                }
+            }
+            for (ns, keys) in by_namespace {
+                if let Err(e) = self.admit_quota(&ctx, ns, keys).await {
+                    refused.insert(ns.to_string(), e);
+                }
+            }
+        }
         let mut out = Vec::with_capacity(items.len());
         let mut keys = Vec::with_capacity(items.len());
         let mut commands = Vec::with_capacity(items.len());

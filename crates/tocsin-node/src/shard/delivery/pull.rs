@@ -314,17 +314,17 @@ impl PullHub {
         for (items, results, stamp) in futures::future::join_all(per_shard).await {
             let Some((epoch, until_ms)) = stamp else { continue };
             let ctx = items[0].shard.clone();
-            if !ctx.may_dispatch(epoch) {
-                // Deposed (or lease lost) meanwhile: what was reserved comes due
-                // again when its reservation runs out, here or at the next leader.
-                continue;
-            }
+            // Deposed (or lease lost) meanwhile, or the cluster map (and so the
+            // cluster id every delivery carries) not learned yet: what was
+            // reserved comes due again when its reservation runs out, here or
+            // at the next leader.
+            let Some(cluster_id) = ctx.cluster_id().filter(|_| ctx.may_dispatch(epoch)) else { continue };
             let mut reservations = self.reservations.lock().expect("reservations lock");
             for (item, result) in items.into_iter().zip(results) {
                 match result {
                     Ok((_, CommandResult::Dispatch { record })) => {
                         let Some(fire) = &record.fire else { continue };
-                        let mut delivery = json::delivery_proto(ctx.shard, &item.key, &record);
+                        let mut delivery = json::delivery_proto(cluster_id, ctx.shard, &item.key, &record);
                         delivery.reserved_until_ms = until_ms;
                         if let Callback::Pull { topic } = &record.callback {
                             delivery.topic = topic.clone();

@@ -2,7 +2,7 @@
 //!
 //! - Headers follow Standard Webhooks: `webhook-id` (the `fire_id`, stable
 //!   across retries), `webhook-timestamp`, and `webhook-signature` when the
-//!   namespace has a secret.
+//!   namespace has a secret (the cluster map's, else the node's file's).
 //! - Any 2xx is delivered. 410 gives up. 429 and 503 retry no sooner than
 //!   `Retry-After`. 409 whose body mentions a stale epoch means a receiver
 //!   saw a newer leader's token: this node re-checks its leadership and stops
@@ -91,6 +91,10 @@ pub struct WebhookSender {
     /// Per namespace, the signing keys, current first: every delivery is
     /// signed with each (rotation). Replaced whole by [`Self::set_secrets`].
     secrets: std::sync::RwLock<Arc<HashMap<String, Vec<Vec<u8>>>>>,
+    /// The same from the cluster map (`tocsin admin namespace
+    /// rotate-secret`), replaced whole whenever this node learns a newer
+    /// map; a namespace named here is signed with these keys only.
+    map_secrets: std::sync::RwLock<Arc<HashMap<String, Vec<Vec<u8>>>>>,
     policy: Arc<EgressPolicy>,
 }
 
@@ -116,6 +120,7 @@ impl WebhookSender {
             config,
             endpoints: Mutex::new(HashMap::new()),
             secrets: std::sync::RwLock::new(Arc::new(secrets)),
+            map_secrets: std::sync::RwLock::new(Arc::new(HashMap::new())),
             policy,
         })
     }
@@ -130,6 +135,19 @@ impl WebhookSender {
     /// attempt is signed with the new ones.
     pub fn set_secrets(&self, secrets: HashMap<String, Vec<Vec<u8>>>) {
         *self.secrets.write().expect("secrets lock") = Arc::new(secrets);
+    }
+
+    /// Takes the signing keys of a newly learned cluster map.
+    pub fn set_map_secrets(&self, map: &tocsin_core::cluster::ClusterMap) {
+        let keys = map.secrets.iter().map(|(ns, s)| (ns.clone(), s.keys().map(<[u8]>::to_vec).collect())).collect();
+        *self.map_secrets.write().expect("secrets lock") = Arc::new(keys);
+    }
+
+    /// The keys `namespace`'s deliveries are signed with, current first:
+    /// the cluster map's if it names the namespace, else the node's file's.
+    pub fn keys_for(&self, namespace: &str) -> Vec<Vec<u8>> {
+        let from_map = self.map_secrets.read().expect("secrets lock").get(namespace).cloned();
+        from_map.or_else(|| self.secrets.read().expect("secrets lock").get(namespace).cloned()).unwrap_or_default()
     }
 
     fn endpoint(&self, url: &str) -> Arc<Endpoint> {
@@ -250,7 +268,11 @@ impl WebhookSender {
         // holds back until the lease returns or someone else leads.
         let gate_deadline =
             tokio::time::Instant::now() + Duration::from_millis(ctx.config.raft.election_timeout_max_ms * 4);
-        while !ctx.may_dispatch(epoch) {
+        // A node that has not learned the cluster map has no cluster id to
+        // put in the delivery: it holds back like a leader without a lease
+        // (on a new cluster, for the moment between a shard's first leader
+        // and the first map).
+        while !ctx.may_dispatch(epoch) || ctx.cluster_id().is_none() {
             if ctx.epoch() != Some(epoch) || tokio::time::Instant::now() > gate_deadline {
                 metrics::counter!("tocsin_webhook_attempts_abandoned_total", "reason" => "lease").increment(1);
                 return None;
@@ -264,9 +286,9 @@ impl WebhookSender {
             return None;
         }
 
-        let body = DeliveryJson::from_record(ctx.shard, key, record);
+        let body = DeliveryJson::from_record(ctx.cluster_id().unwrap_or_default(), ctx.shard, key, record);
+        let fire_id = body.fire_id.clone();
         let body = serde_json::to_vec(&body).expect("delivery serializes");
-        let fire_id = body_fire_id(ctx.shard, record);
         let timestamp_s = ctx.clock.now_ms() / 1000;
         let mut request = self
             .client
@@ -275,8 +297,8 @@ impl WebhookSender {
             .header("content-type", "application/json")
             .header(headers::WEBHOOK_ID, &fire_id)
             .header(headers::WEBHOOK_TIMESTAMP, timestamp_s.to_string());
-        let secrets = self.secrets.read().expect("secrets lock").clone();
-        if let Some(keys) = secrets.get(&key.namespace).filter(|k| !k.is_empty()) {
+        let keys = self.keys_for(&key.namespace);
+        if !keys.is_empty() {
             // Standard Webhooks: space-separated signatures, one per key.
             let signatures: Vec<String> = keys.iter().map(|k| signing::sign(k, &fire_id, timestamp_s, &body)).collect();
             request = request.header(headers::WEBHOOK_SIGNATURE, signatures.join(" "));
@@ -322,10 +344,6 @@ async fn record_outcome(ctx: &ShardCtx, epoch: u64, command: Command) {
         }
     }
     // The attempt's deadline starts the next attempt.
-}
-
-fn body_fire_id(shard: u32, record: &TimerRecord) -> String {
-    record.fire.as_ref().map(|f| tocsin_core::timer::fire_id(shard, f.fire_index)).unwrap_or_default()
 }
 
 async fn classify(resp: reqwest::Response) -> Outcome {
