@@ -291,3 +291,51 @@ async fn consumers_that_leave_mid_batch_strand_nothing() {
         assert_eq!(t.state, pb::timer::State::Delivered as i32, "p-{i}");
     }
 }
+
+/// A consumer never holds more unacked reservations than its
+/// `max_in_flight` (found by the Python reproduction of issue 10: a window
+/// of 10 held 40, one batch per slot being recorded), and an ack opens the
+/// window again: the next batch follows the ack, the consumer asks nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_holds_at_most_its_window_and_an_ack_reopens_it() {
+    use tocsin_client::v1::timer_service_client::TimerServiceClient;
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(dir.path(), &[]);
+    let client = Client::connect([node.grpc.clone()]).await.unwrap();
+    let due = now_ms() + 500;
+    let reqs = (0..200).map(|i| tocsin_client::pull_timer("window", &format!("w-{i}"), due, "jobs")).collect();
+    assert!(client.create_timers(reqs).await.iter().all(Result::is_ok));
+    tokio::time::sleep(Duration::from_millis((due + 500).saturating_sub(now_ms()))).await;
+
+    let mut raw = TimerServiceClient::connect(format!("http://{}", node.grpc)).await.unwrap();
+    let request = pb::ReserveRequest {
+        namespace: "window".into(),
+        topic: "jobs".into(),
+        ttr_ms: 60_000,
+        max_batch: 10,
+        max_in_flight: 10,
+    };
+    let mut stream = raw.reserve(request).await.unwrap().into_inner();
+    // Phase: read without acking for 1.5 s: never more than the window.
+    let mut held = Vec::new();
+    while let Ok(Ok(Some(batch))) = tokio::time::timeout(Duration::from_millis(1_500), stream.message()).await {
+        held.extend(batch.deliveries);
+    }
+    assert_eq!(held.len(), 10, "a window of 10 held {} unacked reservations", held.len());
+
+    // Phase: ack them; the next ten follow.
+    let acks = held
+        .iter()
+        .map(|d| pb::DeliveryRef {
+            namespace: d.namespace.clone(),
+            id: d.id.clone(),
+            fire_id: d.fire_id.clone(),
+            attempt: d.attempt,
+        })
+        .collect();
+    let results = client.ack(acks).await.unwrap();
+    assert!(results.iter().all(|r| r.status == pb::ack_result::Status::Ok as i32), "{results:?}");
+    let next = tokio::time::timeout(Duration::from_secs(5), stream.message()).await.unwrap().unwrap().unwrap();
+    assert!(!next.deliveries.is_empty() && next.deliveries.len() <= 10, "{}", next.deliveries.len());
+    assert!(next.deliveries.iter().all(|d| held.iter().all(|h| h.id != d.id)), "an acked timer came again");
+}

@@ -136,6 +136,11 @@ pub struct PullHub {
     topics: Mutex<HashMap<(String, String), Arc<Topic>>>,
     reservations: Mutex<HashMap<TimerKey, Reservation>>,
     next_consumer: AtomicU64,
+    /// Woken when an ack or nack releases reservations: a consumer whose
+    /// window was full may take more at once, not at its next 100 ms poll
+    /// (measured: a window of 10 delivered about 380 timers/s, idle 100 ms
+    /// after every 40).
+    released: Notify,
 }
 
 impl PullHub {
@@ -145,6 +150,7 @@ impl PullHub {
             topics: Mutex::new(HashMap::new()),
             reservations: Mutex::new(HashMap::new()),
             next_consumer: AtomicU64::new(1),
+            released: Notify::new(),
         })
     }
 
@@ -216,26 +222,35 @@ impl PullHub {
         // not limited to one batch per commit round trip. Each is its own task
         // and reports back here: leaving early drops no reservation half done.
         const BATCHES_IN_FLIGHT: usize = 4;
-        let (done_tx, mut done_rx) = mpsc::channel::<Vec<pb::Delivery>>(BATCHES_IN_FLIGHT);
+        let (done_tx, mut done_rx) = mpsc::channel::<(usize, Vec<pb::Delivery>)>(BATCHES_IN_FLIGHT);
         let mut in_flight = 0usize;
+        // Timers taken into batches still being recorded: they count
+        // against `max_in_flight` too (measured: without them a window of 10
+        // held 40 reservations, one batch per slot).
+        let mut taken = 0usize;
         loop {
             if tx.is_closed() {
                 return;
             }
             let mut took = false;
+            // Registered before looking, so a release between the look and
+            // the wait below is not missed.
+            let released = self.released.notified();
             if in_flight < BATCHES_IN_FLIGHT {
                 let room = options
                     .max_in_flight
-                    .saturating_sub(self.outstanding(consumer, options.max_in_flight))
+                    .saturating_sub(self.outstanding(consumer, options.max_in_flight) + taken)
                     .min(options.max_batch);
                 let items = if room == 0 { Vec::new() } else { take(&topic, room) };
                 if !items.is_empty() {
                     took = true;
                     in_flight += 1;
+                    taken += items.len();
                     let (hub, topic, done_tx) = (self.clone(), topic.clone(), done_tx.clone());
                     tokio::spawn(async move {
+                        let count = items.len();
                         let deliveries = hub.reserve_items(&topic, consumer, items, options.ttr_ms).await;
-                        let _ = done_tx.send(deliveries).await;
+                        let _ = done_tx.send((count, deliveries)).await;
                     });
                 }
             }
@@ -243,8 +258,10 @@ impl PullHub {
                 continue;
             }
             tokio::select! {
-                Some(deliveries) = done_rx.recv(), if in_flight > 0 => {
+                _ = released => {}
+                Some((count, deliveries)) = done_rx.recv(), if in_flight > 0 => {
                     in_flight -= 1;
+                    taken -= count;
                     if !deliveries.is_empty() {
                         if tx.send(pb::ReserveResponse { deliveries }).await.is_err() {
                             // The consumer went away; its reservations run out on their own.
@@ -389,7 +406,8 @@ impl PullHub {
             .collect();
         let results = ctx.proposer.propose_all(commands).await;
         let mut reservations = self.reservations.lock().expect("reservations lock");
-        refs.into_iter()
+        let statuses = refs
+            .into_iter()
             .zip(results)
             .map(|((key, _, attempt), result)| {
                 let status = match result {
@@ -403,7 +421,10 @@ impl PullHub {
                 }
                 status
             })
-            .collect()
+            .collect::<Vec<_>>();
+        drop(reservations);
+        self.released.notify_waiters();
+        statuses
     }
 
     /// Drops whatever this node queued or reserved for `shard`, after it
