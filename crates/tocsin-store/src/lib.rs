@@ -86,3 +86,18 @@ pub type Entry = openraft::alias::EntryOf<TypeConfig>;
 pub type StoredMembership = openraft::alias::StoredMembershipOf<TypeConfig>;
 /// A snapshot's metadata.
 pub type SnapshotMeta = openraft::alias::SnapshotMetaOf<TypeConfig>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The fuzz target `raft_messages` (crates/tocsin-fuzz) declares this
+    /// type's wire form itself, as three strings in this order: a change
+    /// here must change it there too.
+    #[test]
+    fn node_addr_is_three_strings_on_the_wire() {
+        let addr = NodeAddr { grpc_addr: "g:1".into(), http_addr: "h:2".into(), peer_addr: "p:3".into() };
+        let as_tuple = ("g:1".to_string(), "h:2".to_string(), "p:3".to_string());
+        assert_eq!(postcard::to_allocvec(&addr).unwrap(), postcard::to_allocvec(&as_tuple).unwrap());
+    }
+}
