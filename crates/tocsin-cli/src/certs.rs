@@ -1,7 +1,8 @@
-//! `tocsin certs init|issue`: a cluster CA and node certificates for mTLS
-//! on the peer port (see docs/security.md). The files are what
-//! `peer_tls.dir` expects: `ca.pem`, and `node-<id>.pem` with
-//! `node-<id>.key` for each node.
+//! `tocsin certs init|issue|client`: a cluster CA and node certificates
+//! for mTLS on the peer port, and client certificates for the client
+//! ports' TLS (see docs/security.md). The files are what `peer_tls.dir`
+//! expects: `ca.pem`, and `node-<id>.pem` with `node-<id>.key` for each
+//! node; a client's are `client-<name>.pem` and `client-<name>.key`.
 
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
@@ -50,6 +51,33 @@ pub enum CertsCommand {
         #[arg(long)]
         force: bool,
     },
+    /// Issue a client certificate signed by DIR's CA, for nodes whose
+    /// client ports require one (client_tls.client_ca_file):
+    /// DIR/client-<name>.pem and DIR/client-<name>.key. It names no node,
+    /// so the peer port refuses it.
+    Client {
+        #[arg(long, default_value = "certs")]
+        dir: PathBuf,
+        /// The client's name (the certificate's common name).
+        #[arg(long)]
+        name: String,
+        /// Days the certificate is valid.
+        #[arg(long, default_value_t = 825)]
+        days: u32,
+        /// Replace a certificate already in DIR.
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+/// DIR's CA, to sign with.
+fn read_ca(dir: &Path) -> anyhow::Result<peer_tls::Issued> {
+    let read = |name: &str| {
+        let path = dir.join(name);
+        std::fs::read_to_string(&path)
+            .with_context(|| format!("reading {} (create a CA with `tocsin certs init`)", path.display()))
+    };
+    Ok(peer_tls::Issued { cert_pem: read("ca.pem")?, key_pem: read("ca.key")? })
 }
 
 pub fn run(cmd: CertsCommand) -> anyhow::Result<std::process::ExitCode> {
@@ -68,12 +96,7 @@ pub fn run(cmd: CertsCommand) -> anyhow::Result<std::process::ExitCode> {
             if nodes.contains(&0) {
                 bail!("--node: node ids start at 1");
             }
-            let read = |name: &str| {
-                let path = dir.join(name);
-                std::fs::read_to_string(&path)
-                    .with_context(|| format!("reading {} (create a CA with `tocsin certs init`)", path.display()))
-            };
-            let ca = peer_tls::Issued { cert_pem: read("ca.pem")?, key_pem: read("ca.key")? };
+            let ca = read_ca(&dir)?;
             let files: Vec<(u64, PathBuf, PathBuf)> = nodes
                 .iter()
                 .map(|id| (*id, dir.join(format!("node-{id}.pem")), dir.join(format!("node-{id}.key"))))
@@ -86,6 +109,19 @@ pub fn run(cmd: CertsCommand) -> anyhow::Result<std::process::ExitCode> {
                 write(key, &issued.key_pem, true)?;
                 println!("node {id}: wrote {} and {} ({})", cert.display(), key.display(), peer_tls::node_name(*id));
             }
+        }
+        CertsCommand::Client { dir, name, days, force } => {
+            // The name becomes part of two file names.
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c)) {
+                bail!("--name: letters, digits, '-', '_' and '.' only");
+            }
+            let ca = read_ca(&dir)?;
+            let (cert, key) = (dir.join(format!("client-{name}.pem")), dir.join(format!("client-{name}.key")));
+            refuse_overwrite(&[&cert, &key], force)?;
+            let issued = peer_tls::issue_client(&ca, &name, days)?;
+            write(&cert, &issued.cert_pem, false)?;
+            write(&key, &issued.key_pem, true)?;
+            println!("client {name}: wrote {} and {} (valid {days} days)", cert.display(), key.display());
         }
     }
     Ok(std::process::ExitCode::SUCCESS)

@@ -112,7 +112,7 @@ async fn whole_cluster(client: &Client, digests: bool) -> anyhow::Result<pb::Clu
 }
 
 async fn node_info(grpc_addr: String, digests: bool) -> Option<pb::ClusterInfo> {
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{grpc_addr}"))
+    let endpoint = crate::endpoint(&grpc_addr)
         .ok()?
         .connect_timeout(std::time::Duration::from_secs(2))
         .timeout(std::time::Duration::from_secs(20));

@@ -18,6 +18,9 @@ mod run;
 mod sink;
 mod timer;
 
+use std::path::PathBuf;
+
+use anyhow::Context as _;
 use clap::Parser;
 
 use clap::Subcommand;
@@ -37,6 +40,21 @@ struct Cli {
     /// create`); not needed by a node that runs open (`tocsin dev`).
     #[arg(long, global = true, env = "TOCSIN_TOKEN", hide_env_values = true)]
     token: Option<String>,
+    /// The CA certificate (PEM) that signed the nodes' client-port
+    /// certificates: connect over TLS, for nodes with `client_tls` on.
+    #[arg(long, global = true, env = "TOCSIN_TLS_CA")]
+    tls_ca: Option<PathBuf>,
+    /// This client's certificate (PEM, `tocsin certs client`), for nodes
+    /// that require one; needs --tls-key.
+    #[arg(long, global = true, env = "TOCSIN_TLS_CERT", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// This client's private key (PEM); needs --tls-cert.
+    #[arg(long, global = true, env = "TOCSIN_TLS_KEY", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The name every node's certificate must carry; default: the host of
+    /// the address dialed.
+    #[arg(long, global = true, env = "TOCSIN_TLS_DOMAIN")]
+    tls_domain: Option<String>,
     #[command(subcommand)]
     command: Command,
 }
@@ -48,11 +66,49 @@ pub(crate) fn token() -> Option<String> {
     TOKEN.get().cloned().flatten()
 }
 
+/// The TLS the `--tls-*` flags describe, read once at start.
+static TLS: std::sync::OnceLock<Option<tocsin_client::ClientTls>> = std::sync::OnceLock::new();
+
+pub(crate) fn tls() -> Option<tocsin_client::ClientTls> {
+    TLS.get().cloned().flatten()
+}
+
+impl Cli {
+    /// Reads the files the `--tls-*` flags name: a missing file is an error
+    /// before anything connects, and a certificate without a CA is too
+    /// (it would silently go unused over plaintext).
+    fn client_tls(&self) -> anyhow::Result<Option<tocsin_client::ClientTls>> {
+        let read =
+            |path: &PathBuf| std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()));
+        let Some(ca) = &self.tls_ca else {
+            if self.tls_cert.is_some() || self.tls_domain.is_some() {
+                anyhow::bail!("--tls-cert, --tls-key and --tls-domain need --tls-ca");
+            }
+            return Ok(None);
+        };
+        let identity = match (&self.tls_cert, &self.tls_key) {
+            (Some(cert), Some(key)) => Some((read(cert)?, read(key)?)),
+            _ => None,
+        };
+        Ok(Some(tocsin_client::ClientTls { ca_pem: read(ca)?, identity, domain: self.tls_domain.clone() }))
+    }
+}
+
+/// A gRPC endpoint for one node's client port, with the `--tls-*` flags'
+/// TLS, for the commands that talk to one node directly.
+pub(crate) fn endpoint(addr: &str) -> anyhow::Result<tonic::transport::Endpoint> {
+    let endpoint = match tls() {
+        Some(tls) => tonic::transport::Endpoint::from_shared(format!("https://{addr}"))?.tls_config(tls.tonic())?,
+        None => tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?,
+    };
+    Ok(endpoint)
+}
+
 /// A shard-aware client to the cluster at `addrs`, carrying `--token`.
 pub(crate) async fn connect(
     addrs: impl IntoIterator<Item = impl Into<String>>,
 ) -> Result<tocsin_client::Client, tocsin_client::ClientError> {
-    let options = tocsin_client::ClientOptions { token: token(), ..Default::default() };
+    let options = tocsin_client::ClientOptions { token: token(), tls: tls(), ..Default::default() };
     tocsin_client::Client::with_options(addrs, options).await
 }
 
@@ -81,7 +137,8 @@ enum Command {
     Sink(sink::SinkArgs),
     /// Exit 0 if a node's HTTP endpoint answers /readyz (for health checks).
     Probe(probe::ProbeArgs),
-    /// Create a cluster CA and node certificates for mTLS between nodes.
+    /// Create a cluster CA, node certificates for mTLS between nodes, and
+    /// client certificates for the client ports' TLS.
     #[cfg(feature = "server")]
     #[command(subcommand)]
     Certs(certs::CertsCommand),
@@ -90,6 +147,15 @@ enum Command {
 fn main() -> std::process::ExitCode {
     let cli = Cli::parse();
     let _ = TOKEN.set(cli.token.clone());
+    match cli.client_tls() {
+        Ok(tls) => {
+            let _ = TLS.set(tls);
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return std::process::ExitCode::FAILURE;
+        }
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
     let result = runtime.block_on(async {
         match cli.command {

@@ -7,7 +7,6 @@ use std::collections::BTreeMap;
 use tocsin_proto::v1 as pb;
 use tocsin_proto::v1::admin_service_client::AdminServiceClient;
 use tocsin_proto::v1::timer_service_client::TimerServiceClient;
-use tonic::transport::Endpoint;
 
 use crate::AdminOp;
 use crate::Client;
@@ -343,10 +342,7 @@ impl Client {
         let mut last = ClientError::Unreachable("no seed given".into());
         for addr in self.inner.seeds.iter() {
             // No request timeout: catching a replica up may take minutes.
-            let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-                .map_err(|e| ClientError::Argument(format!("bad address {addr}: {e}")))?
-                .connect_timeout(self.inner.options.connect_timeout)
-                .tcp_nodelay(true);
+            let endpoint = self.endpoint(addr)?;
             let channel = match endpoint.connect().await {
                 Ok(c) => Conn::new(c, self.inner.authorization.clone()),
                 Err(e) => {

@@ -118,6 +118,50 @@ pub struct ClientOptions {
     /// The bearer token sent with every call (`tocsin admin token create`);
     /// none for a node that runs open.
     pub token: Option<String>,
+    /// TLS to the nodes' client ports, for a cluster that runs with
+    /// `client_tls`; every connection the client opens uses it, to seeds
+    /// and to the nodes it learns of from shard maps and leader hints.
+    pub tls: Option<ClientTls>,
+}
+
+/// How to reach nodes whose client ports speak TLS.
+#[derive(Clone)]
+pub struct ClientTls {
+    /// The CA (PEM) that signed the nodes' certificates.
+    pub ca_pem: String,
+    /// This client's certificate and private key (PEM), for nodes that
+    /// require one (`client_tls.client_ca_file`; `tocsin certs client`).
+    pub identity: Option<(String, String)>,
+    /// The name to expect in every node's certificate; None: the host of
+    /// the address dialed (so each node's certificate must name the
+    /// address clients reach it by).
+    pub domain: Option<String>,
+}
+
+/// Written by hand so a printed options value never shows a private key.
+impl std::fmt::Debug for ClientTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientTls")
+            .field("identity", &self.identity.as_ref().map(|_| "<redacted>"))
+            .field("domain", &self.domain)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ClientTls {
+    /// tonic's form of it, for callers that open a channel of their own.
+    pub fn tonic(&self) -> tonic::transport::ClientTlsConfig {
+        use tonic::transport::Certificate;
+        use tonic::transport::Identity;
+        let mut config = tonic::transport::ClientTlsConfig::new().ca_certificate(Certificate::from_pem(&self.ca_pem));
+        if let Some((cert, key)) = &self.identity {
+            config = config.identity(Identity::from_pem(cert, key));
+        }
+        if let Some(domain) = &self.domain {
+            config = config.domain_name(domain.clone());
+        }
+        config
+    }
 }
 
 impl Default for ClientOptions {
@@ -129,6 +173,7 @@ impl Default for ClientOptions {
             initial_backoff: Duration::from_millis(20),
             max_backoff: Duration::from_secs(1),
             token: None,
+            tls: None,
         }
     }
 }
@@ -219,6 +264,22 @@ pub fn pull_timer(namespace: &str, id: &str, fire_at_ms: u64, topic: &str) -> pb
 }
 
 impl Client {
+    /// An endpoint for the node at `addr` (`host:port` of its client gRPC
+    /// port): `https` with the client's TLS when it has one.
+    pub(crate) fn endpoint(&self, addr: &str) -> Result<tonic::transport::Endpoint, ClientError> {
+        let bad = |e: &dyn std::fmt::Display| ClientError::Argument(format!("bad address {addr}: {e}"));
+        let options = &self.inner.options;
+        let scheme = if options.tls.is_some() { "https" } else { "http" };
+        let mut endpoint = tonic::transport::Endpoint::from_shared(format!("{scheme}://{addr}"))
+            .map_err(|e| bad(&e))?
+            .connect_timeout(options.connect_timeout)
+            .tcp_nodelay(true);
+        if let Some(tls) = &options.tls {
+            endpoint = endpoint.tls_config(tls.tonic()).map_err(|e| bad(&e))?;
+        }
+        Ok(endpoint)
+    }
+
     /// Connects through any of `seeds` (`host:port` of gRPC) and loads the
     /// shard map.
     pub async fn connect(seeds: impl IntoIterator<Item = impl Into<String>>) -> Result<Client, ClientError> {

@@ -8,7 +8,6 @@ use std::time::Instant;
 use crate::conn::Conn;
 use tocsin_proto::v1 as pb;
 use tocsin_proto::v1::admin_service_client::AdminServiceClient;
-use tonic::transport::Endpoint;
 
 use crate::Client;
 use crate::ClientError;
@@ -23,11 +22,7 @@ impl Client {
         if let Some(c) = channels.get(addr) {
             return Ok(c.clone());
         }
-        let endpoint = Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| ClientError::Argument(format!("bad address {addr}: {e}")))?
-            .connect_timeout(self.inner.options.connect_timeout)
-            .timeout(self.inner.options.request_timeout)
-            .tcp_nodelay(true);
+        let endpoint = self.endpoint(addr)?.timeout(self.inner.options.request_timeout);
         let channel = Conn::new(endpoint.connect_lazy(), self.inner.authorization.clone());
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)

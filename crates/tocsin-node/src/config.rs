@@ -65,6 +65,7 @@ pub struct NodeConfig {
     pub admission: AdmissionConfig,
     pub auth: AuthConfig,
     pub peer_tls: PeerTlsConfig,
+    pub client_tls: ClientTlsConfig,
     /// Per-namespace settings, such as the webhook signing secret.
     pub namespaces: BTreeMap<String, NamespaceConfig>,
     /// Log filter, as `RUST_LOG` (which takes precedence).
@@ -98,6 +99,7 @@ impl Default for NodeConfig {
             admission: AdmissionConfig::default(),
             auth: AuthConfig::default(),
             peer_tls: PeerTlsConfig::default(),
+            client_tls: ClientTlsConfig::default(),
             namespaces: BTreeMap::new(),
             log: "info".into(),
             max_clock_offset_ms: 500,
@@ -341,6 +343,32 @@ pub struct PeerTlsFiles {
     pub key: PathBuf,
 }
 
+/// TLS on the client ports, gRPC and HTTP alike (see docs/security.md and
+/// `client_tls.rs`): off when nothing is set. With `client_ca_file`, every
+/// client must also present a certificate that CA signed (tokens still
+/// apply on top when `auth.mode` is `tokens`).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ClientTlsConfig {
+    /// The certificate chain the node presents to clients (PEM); it must
+    /// name the address clients dial (`tocsin certs issue --host`).
+    pub cert_file: Option<PathBuf>,
+    /// Its private key (PEM).
+    pub key_file: Option<PathBuf>,
+    /// The CA whose certificates clients must present (PEM; `tocsin certs
+    /// client` issues them). Unset: any client may connect, as over
+    /// plaintext, only encrypted and with the node authenticated.
+    pub client_ca_file: Option<PathBuf>,
+}
+
+/// The files of [`ClientTlsConfig`], when client TLS is on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClientTlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+}
+
 /// What the node accepts.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -410,7 +438,7 @@ impl std::fmt::Debug for NamespaceConfig {
 }
 
 /// `TOCSIN_*` variables the CLI reads itself (after the prefix).
-const NOT_SETTINGS: [&str; 3] = ["ADDR", "TOKEN", "NEW_SECRET"];
+const NOT_SETTINGS: [&str; 7] = ["ADDR", "TOKEN", "NEW_SECRET", "TLS_CA", "TLS_CERT", "TLS_KEY", "TLS_DOMAIN"];
 
 /// Whether `path` (lower case, from `TOCSIN_A__B`) names a setting: a leaf
 /// of the config's schema, or a field of one namespace's settings
@@ -427,6 +455,11 @@ fn is_setting(path: &[String]) -> bool {
                 ca_file: Some(PathBuf::new()),
                 cert_file: Some(PathBuf::new()),
                 key_file: Some(PathBuf::new()),
+            },
+            client_tls: ClientTlsConfig {
+                cert_file: Some(PathBuf::new()),
+                key_file: Some(PathBuf::new()),
+                client_ca_file: Some(PathBuf::new()),
             },
             grpc_advertise: Some(String::new()),
             http_advertise: Some(String::new()),
@@ -588,6 +621,7 @@ impl NodeConfig {
         self.signing_keys()?;
         self.bootstrap_token()?;
         self.peer_tls_files()?;
+        self.client_tls_files()?;
         self.initial_members().map(|_| ())
     }
 
@@ -608,6 +642,22 @@ impl NodeConfig {
                 field: "peer_tls".into(),
                 message: "set peer_tls.dir, or all of ca_file, cert_file and key_file".into(),
             }),
+        }
+    }
+
+    /// The files of client TLS, or None when it is off. The certificate and
+    /// key come together or not at all, and a client CA needs both: a
+    /// half-configured TLS is an error, never plaintext.
+    pub fn client_tls_files(&self) -> Result<Option<ClientTlsFiles>, ConfigError> {
+        let t = &self.client_tls;
+        let invalid = |message: &str| ConfigError::Invalid { field: "client_tls".into(), message: message.into() };
+        match (&t.cert_file, &t.key_file, &t.client_ca_file) {
+            (None, None, None) => Ok(None),
+            (Some(cert), Some(key), client_ca) => {
+                Ok(Some(ClientTlsFiles { cert: cert.clone(), key: key.clone(), client_ca: client_ca.clone() }))
+            }
+            (None, None, Some(_)) => Err(invalid("client_ca_file needs cert_file and key_file")),
+            _ => Err(invalid("set both cert_file and key_file, or neither")),
         }
     }
 
@@ -824,6 +874,8 @@ mod tests {
             var("TOCSIN_PORT_7070_TCP", "tcp://10.96.0.10:7070"),
             var("TOCSIN_PORT_7070_TCP_ADDR", "10.96.0.10"),
             var("TOCSIN_ADDR", "127.0.0.1:7070"),
+            var("TOCSIN_TLS_CA", "/etc/tocsin/ca.pem"),
+            var("TOCSIN_TLS_DOMAIN", "tocsin.example"),
             var("TOCSIN_BOGUS", "1"),
             var("TOCSIN_NODE_ID", "2"),
             var("TOCSIN_NAMESPACES__ORDERS__WEBHOOK_SECRET", "a-secret-of-at-least-24-bytes"),
@@ -846,6 +898,42 @@ mod tests {
         // A bad value of a real setting is still an error.
         let err = NodeConfig::load(None, [var("TOCSIN_NUM_SHARDS", "many")]).unwrap_err();
         assert!(err.to_string().contains("num_shards"), "{err}");
+    }
+
+    #[test]
+    fn client_tls_is_all_or_none_and_read_from_the_environment() {
+        let var = |k: &str, v: &str| (k.to_string(), v.to_string());
+        let c = NodeConfig::load(
+            None,
+            [
+                var("TOCSIN_CLIENT_TLS__CERT_FILE", "/tls/node.pem"),
+                var("TOCSIN_CLIENT_TLS__KEY_FILE", "/tls/node.key"),
+                var("TOCSIN_CLIENT_TLS__CLIENT_CA_FILE", "/tls/clients.pem"),
+            ],
+        )
+        .unwrap();
+        let files = c.client_tls_files().unwrap().expect("client TLS on");
+        assert_eq!(
+            files,
+            ClientTlsFiles {
+                cert: "/tls/node.pem".into(),
+                key: "/tls/node.key".into(),
+                client_ca: Some("/tls/clients.pem".into())
+            }
+        );
+        assert_eq!(NodeConfig::default().client_tls_files().unwrap(), None);
+        for half in [
+            vec![var("TOCSIN_CLIENT_TLS__CERT_FILE", "/tls/node.pem")],
+            vec![var("TOCSIN_CLIENT_TLS__KEY_FILE", "/tls/node.key")],
+            vec![var("TOCSIN_CLIENT_TLS__CLIENT_CA_FILE", "/tls/clients.pem")],
+            vec![
+                var("TOCSIN_CLIENT_TLS__KEY_FILE", "/tls/node.key"),
+                var("TOCSIN_CLIENT_TLS__CLIENT_CA_FILE", "/tls/clients.pem"),
+            ],
+        ] {
+            let err = NodeConfig::load(None, half.clone()).unwrap_err().to_string();
+            assert!(err.starts_with("client_tls:"), "{half:?}: {err}");
+        }
     }
 
     #[test]

@@ -150,4 +150,6 @@ pub enum StartError {
     Runtime(std::io::Error),
     #[error("{0}")]
     PeerTls(#[from] crate::peer_tls::PeerTlsError),
+    #[error("{0}")]
+    ClientTls(#[from] crate::client_tls::ClientTlsError),
 }

@@ -25,7 +25,7 @@
 //!   and disk limits), [`labels`] (metric labels from client input,
 //!   capped), [`egress`] (the SSRF guard on webhook targets),
 //!   [`forward`] (channels to other nodes), [`peer_tls`] (mTLS between
-//!   nodes), [`runtime`] (the Raft
+//!   nodes), [`client_tls`] (TLS on the client ports), [`runtime`] (the Raft
 //!   and fire runtimes apart from the work runtime), [`clock`] (the only
 //!   wall-clock reads, and the guard against a clock that jumps or drifts
 //!   from the peers'), [`fault`] (fault points for tests, compiled out of
@@ -37,6 +37,7 @@
 pub mod admission;
 pub mod api;
 pub mod auth;
+pub mod client_tls;
 pub mod clock;
 pub mod config;
 pub mod control;

@@ -77,6 +77,12 @@ impl Node {
     /// a new cluster, and last the control loops.
     pub async fn start(config: NodeConfig, metrics: Option<PrometheusHandle>) -> Result<Node, StartError> {
         config.validate()?;
+        // Read before anything is bound or opened: a bad file stops the
+        // start with its path named.
+        let client_tls = match config.client_tls_files()? {
+            Some(files) => Some(crate::client_tls::ClientTls::load(&files)?),
+            None => None,
+        };
         let listeners = Listeners::bind(config).await?;
         let config = listeners.config.clone();
         let store = Store::open(&StoreConfig::new(&config.data_dir))
@@ -97,7 +103,7 @@ impl Node {
         let (shutdown, shutdown_rx) = watch::channel(false);
         let Listeners { grpc, http, peer, grpc_addr, http_addr, peer_addr, .. } = listeners;
         let servers = vec![
-            tokio::spawn(serve_client_grpc(state.clone(), grpc, shutdown_rx.clone())),
+            tokio::spawn(serve_client_grpc(state.clone(), grpc, client_tls.clone(), shutdown_rx.clone())),
             // Raft's links are accepted and served on the Raft runtime; every
             // other peer connection (gRPC) is served here, on the work runtime.
             tokio::spawn(serve_peer_grpc(
@@ -107,7 +113,7 @@ impl Node {
                 shutdown_rx.clone(),
                 raft_runtime.handle().clone(),
             )),
-            tokio::spawn(serve_http(state.clone(), http, shutdown_rx)),
+            tokio::spawn(serve_http(state.clone(), http, client_tls.clone(), shutdown_rx)),
         ];
         if !placement.bootstrapped {
             placement.bootstrap(&state).await?;
@@ -120,6 +126,13 @@ impl Node {
         tracing::info!(node_id = config.node_id, %grpc_addr, %http_addr, %peer_addr, shards = config.num_shards, hosted = placement.hosted.len(), metadata = placement.host_meta, data = %config.data_dir.display(), "node started");
         if state.peer_tls.is_some() {
             tracing::info!(name = %crate::peer_tls::node_name(config.node_id), "peer TLS on: peers must present a certificate from the cluster CA");
+        }
+        match &client_tls {
+            Some(tls) if tls.mutual() => {
+                tracing::info!("client TLS on: the client ports speak TLS only and require a client certificate")
+            }
+            Some(_) => tracing::info!("client TLS on: the client ports speak TLS only"),
+            None => {}
         }
         Ok(Node { state, grpc_addr, http_addr, peer_addr, shutdown, servers, supervisors, raft_runtime, fire_runtime })
     }
@@ -396,31 +409,43 @@ const MAX_PENDING_ACCEPT_RESET_STREAMS: usize = 1_000;
 /// answered PERMISSION_DENIED here (`api::peer::refused_on_client_port`),
 /// and a Raft link's preface is not recognised: it is served on the peer
 /// port only.
-async fn serve_client_grpc(state: Arc<NodeState>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+async fn serve_client_grpc(
+    state: Arc<NodeState>,
+    listener: TcpListener,
+    tls: Option<Arc<crate::client_tls::ClientTls>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let max = state.config.admission.max_request_bytes;
     let timers = pb::timer_service_server::TimerServiceServer::new(TimerApi::new(state.clone()))
         .max_decoding_message_size(max)
         .max_encoding_message_size(64 << 20);
     let admin = pb::admin_service_server::AdminServiceServer::new(AdminApi::new(state.clone()));
-    // `Server::tcp_nodelay` applies only to listeners tonic binds itself:
-    // set it on each accepted connection, or a small answer waits out the
-    // peer's delayed ACK (about 40 ms per call, measured: 23 creates/s at
-    // concurrency 1 instead of hundreds).
-    let incoming = tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |conn| {
-        conn.inspect(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        })
-    });
-    let result = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
         .add_service(timers)
         .add_service(admin)
         .add_service(crate::api::peer::RefuseTransport)
-        .add_service(crate::api::peer::RefuseReplicas)
-        .serve_with_incoming_shutdown(incoming, async move {
-            let _ = shutdown.wait_for(|s| *s).await;
-        })
-        .await;
+        .add_service(crate::api::peer::RefuseReplicas);
+    let stopped = async move {
+        let _ = shutdown.wait_for(|s| *s).await;
+    };
+    let result = match tls {
+        // The TLS accept loop sets TCP_NODELAY itself.
+        Some(tls) => router.serve_with_incoming_shutdown(tls.grpc_incoming(listener), stopped).await,
+        None => {
+            // `Server::tcp_nodelay` applies only to listeners tonic binds itself:
+            // set it on each accepted connection, or a small answer waits out the
+            // peer's delayed ACK (about 40 ms per call, measured: 23 creates/s at
+            // concurrency 1 instead of hundreds).
+            let incoming =
+                tokio_stream::StreamExt::map(tokio_stream::wrappers::TcpListenerStream::new(listener), |conn| {
+                    conn.inspect(|tcp| {
+                        let _ = tcp.set_nodelay(true);
+                    })
+                });
+            router.serve_with_incoming_shutdown(incoming, stopped).await
+        }
+    };
     if let Err(e) = result {
         tracing::error!(error = %e, "client grpc server stopped");
     }
@@ -480,18 +505,33 @@ async fn serve_peer_grpc(
     }
 }
 
-async fn serve_http(state: Arc<NodeState>, listener: TcpListener, mut shutdown: watch::Receiver<bool>) {
+async fn serve_http(
+    state: Arc<NodeState>,
+    listener: TcpListener,
+    tls: Option<Arc<crate::client_tls::ClientTls>>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let app = crate::api::http::router(state);
-    let result = axum::serve(
-        listener.tap_io(|tcp| {
-            let _ = tcp.set_nodelay(true);
-        }),
-        app,
-    )
-    .with_graceful_shutdown(async move {
+    let stopped = async move {
         let _ = shutdown.wait_for(|s| *s).await;
-    })
-    .await;
+    };
+    let result = match tls {
+        // The TLS accept loop sets TCP_NODELAY itself.
+        Some(tls) => match tls.http_listener(listener) {
+            Ok(listener) => axum::serve(listener, app).with_graceful_shutdown(stopped).await,
+            Err(e) => Err(e),
+        },
+        None => {
+            axum::serve(
+                listener.tap_io(|tcp| {
+                    let _ = tcp.set_nodelay(true);
+                }),
+                app,
+            )
+            .with_graceful_shutdown(stopped)
+            .await
+        }
+    };
     if let Err(e) = result {
         tracing::error!(error = %e, "http server stopped");
     }

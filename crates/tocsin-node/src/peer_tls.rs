@@ -411,15 +411,38 @@ pub fn issue_node(ca: &Issued, node_id: u64, hosts: &[String], days: u32) -> Res
     if node_id == 0 {
         return Err(PeerTlsError::Setup("node ids start at 1".into()));
     }
-    let ca_key = rcgen::KeyPair::from_pem(&ca.key_pem).map_err(rcgen_error)?;
-    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key).map_err(rcgen_error)?;
     let mut names = vec![node_name(node_id)];
     names.extend(hosts.iter().cloned());
+    let usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth, rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    issue(ca, &node_name(node_id), names, usages, days)
+}
+
+/// A client certificate signed by `ca` (`tocsin certs client`), for a
+/// node's client port with `client_tls.client_ca_file`: `name` is its
+/// common name only. It carries no DNS name, so it names no node and
+/// the peer port refuses it even when the same CA signed the nodes'
+/// certificates; and it may only authenticate a client.
+pub fn issue_client(ca: &Issued, name: &str, days: u32) -> Result<Issued, PeerTlsError> {
+    if name.trim().is_empty() || name.ends_with(NAME_SUFFIX) || name == ANY_NODE {
+        return Err(PeerTlsError::Setup(format!("{name:?} is empty or a node name; give a client's name")));
+    }
+    issue(ca, name, Vec::new(), vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth], days)
+}
+
+/// A certificate signed by `ca` with a fresh ECDSA P-256 key.
+fn issue(
+    ca: &Issued,
+    common_name: &str,
+    names: Vec<String>,
+    usages: Vec<rcgen::ExtendedKeyUsagePurpose>,
+    days: u32,
+) -> Result<Issued, PeerTlsError> {
+    let ca_key = rcgen::KeyPair::from_pem(&ca.key_pem).map_err(rcgen_error)?;
+    let issuer = rcgen::Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key).map_err(rcgen_error)?;
     let mut params = rcgen::CertificateParams::new(names).map_err(rcgen_error)?;
-    params.distinguished_name.push(rcgen::DnType::CommonName, node_name(node_id));
+    params.distinguished_name.push(rcgen::DnType::CommonName, common_name);
     params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
-    params.extended_key_usages =
-        vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth, rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    params.extended_key_usages = usages;
     params.use_authority_key_identifier_extension = true;
     set_validity(&mut params, days);
     let key = rcgen::KeyPair::generate().map_err(rcgen_error)?;
@@ -443,6 +466,17 @@ mod tests {
         assert_eq!(parse_node_name(&node_name(7)), Some(7));
         for other in ["node-0.peer.tocsin", "node-x.peer.tocsin", "node-7.peer.tocsin.evil", "peer.tocsin", "node-7"] {
             assert_eq!(parse_node_name(other), None, "{other}");
+        }
+    }
+
+    #[test]
+    fn a_client_certificate_names_no_node() {
+        let ca = new_ca("test", 1).unwrap();
+        let client = issue_client(&ca, "billing", 1).unwrap();
+        let der = CertificateDer::from_pem_slice(client.cert_pem.as_bytes()).unwrap();
+        assert!(node_ids(&der).is_empty());
+        for bad in ["", " ", "node-1.peer.tocsin", "peer.tocsin"] {
+            assert!(issue_client(&ca, bad, 1).is_err(), "{bad:?}");
         }
     }
 }

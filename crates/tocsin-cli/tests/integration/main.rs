@@ -3,6 +3,7 @@
 
 mod auth;
 mod bad_input;
+mod client_tls;
 mod clock;
 mod cluster_id;
 mod cluster_ops;

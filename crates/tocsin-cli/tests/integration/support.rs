@@ -30,6 +30,19 @@ pub struct NodeProcess {
     env: Vec<(String, String)>,
     child: Option<Child>,
     log: PathBuf,
+    /// How the readiness probe reaches a node with client TLS, which
+    /// answers https only.
+    probe_tls: Option<ProbeTls>,
+}
+
+/// The files a probe of a node with client TLS presents: the CA that
+/// signed the node's certificate, and a client certificate and key when
+/// the node requires one.
+#[derive(Clone, Debug)]
+pub struct ProbeTls {
+    pub ca: PathBuf,
+    pub cert: Option<PathBuf>,
+    pub key: Option<PathBuf>,
 }
 
 impl NodeProcess {
@@ -40,6 +53,21 @@ impl NodeProcess {
 
     /// [`start`](Self::start) with extra `tocsin serve` arguments.
     pub fn start_with_args(dir: &std::path::Path, args: &[&str], env: &[(&str, &str)]) -> NodeProcess {
+        NodeProcess::start_single(dir, args, env, None)
+    }
+
+    /// [`start`](Self::start) for a node whose client ports speak TLS:
+    /// its readiness is probed over https with `tls`.
+    pub fn start_with_tls(dir: &std::path::Path, env: &[(&str, &str)], tls: ProbeTls) -> NodeProcess {
+        NodeProcess::start_single(dir, &[], env, Some(tls))
+    }
+
+    fn start_single(
+        dir: &std::path::Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        probe_tls: Option<ProbeTls>,
+    ) -> NodeProcess {
         let ports = free_ports(3);
         let mut node = NodeProcess {
             node_id: 1,
@@ -51,6 +79,7 @@ impl NodeProcess {
             env: env.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
             child: None,
             log: dir.join("node.log"),
+            probe_tls,
         };
         node.spawn();
         node.wait_ready();
@@ -108,6 +137,7 @@ impl NodeProcess {
                 .collect(),
             child: None,
             log: dir.join(format!("node-{node_id}.log")),
+            probe_tls: None,
         };
         node.spawn();
         node
@@ -140,14 +170,26 @@ impl NodeProcess {
 
     pub fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(60);
-        let url = format!("http://{}/readyz", self.http);
+        let mut curl: Vec<String> = vec!["-sf".into(), "-m".into(), "1".into()];
+        let url = match &self.probe_tls {
+            Some(tls) => {
+                curl.extend(["--cacert".into(), tls.ca.display().to_string()]);
+                if let (Some(cert), Some(key)) = (&tls.cert, &tls.key) {
+                    curl.extend(["--cert".into(), cert.display().to_string()]);
+                    curl.extend(["--key".into(), key.display().to_string()]);
+                }
+                format!("https://{}/readyz", self.http)
+            }
+            None => format!("http://{}/readyz", self.http),
+        };
+        curl.push(url);
         while Instant::now() < deadline {
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
                 panic!("node exited with {status}; log:\n{}", self.log());
             }
-            if let Ok(out) = Command::new("curl").args(["-sf", "-m", "1", &url]).output()
+            if let Ok(out) = Command::new("curl").args(&curl).output()
                 && out.status.success()
             {
                 return;

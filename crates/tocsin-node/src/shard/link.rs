@@ -500,6 +500,15 @@ pub fn split_incoming<H: LinkHandler>(
                             Err(_) => return,
                         };
                         let peer = PeerConn::of_tls(remote, &stream);
+                        // A certificate the CA signed that names no node (a
+                        // client certificate from the same CA, `tocsin certs
+                        // client`) has no business on the peer port, where
+                        // forwarded requests skip token checks.
+                        if peer.node_ids.as_ref().is_some_and(|ids| ids.is_empty()) {
+                            metrics::counter!("tocsin_peer_refused_total", "reason" => "not_a_node").increment(1);
+                            tracing::warn!(?remote, "peer port: the certificate names no node; closing");
+                            return;
+                        }
                         if stream.get_ref().1.alpn_protocol() == Some(crate::peer_tls::LINK_ALPN) {
                             let (read, write) = tokio::io::split(stream);
                             serve(read, write, peer, handler).await;
