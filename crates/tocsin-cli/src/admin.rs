@@ -135,6 +135,10 @@ enum NodeCommand {
         /// Its HTTP address (default: what the node reports).
         #[arg(long, default_value = "")]
         http: String,
+        /// Its peer address: the cluster asks the node there instead of on
+        /// its client port (needed when the new node's client port runs TLS).
+        #[arg(long, default_value = "")]
+        peer: String,
     },
     /// Drain a live node (move every replica and leadership off it), then
     /// remove it. Refused if a shard would lose its quorum.
@@ -185,7 +189,9 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<ExitCode> {
         AdminCommand::Shard(ShardCommand::Move { shard, from, to }) => {
             AdminOp::MoveShard { shard, from_node: from, to_node: to }
         }
-        AdminCommand::Node(NodeCommand::Add { grpc_addr, http }) => AdminOp::AddNode { grpc_addr, http_addr: http },
+        AdminCommand::Node(NodeCommand::Add { grpc_addr, http, peer }) => {
+            AdminOp::AddNode { grpc_addr, http_addr: http, peer_addr: peer }
+        }
         AdminCommand::Node(NodeCommand::Remove { node_id }) => AdminOp::RemoveNode { node_id },
         AdminCommand::Node(NodeCommand::Decommission { node_id }) => AdminOp::DecommissionNode { node_id },
         AdminCommand::Rebalance { dry_run } => AdminOp::Rebalance { dry_run },

@@ -352,8 +352,8 @@ impl Client {
             };
             let mut admin = AdminServiceClient::new(channel);
             let result = match op.clone() {
-                AdminOp::AddNode { grpc_addr, http_addr } => {
-                    admin.add_node(pb::AddNodeRequest { grpc_addr, http_addr }).await
+                AdminOp::AddNode { grpc_addr, http_addr, peer_addr } => {
+                    admin.add_node(pb::AddNodeRequest { grpc_addr, http_addr, peer_addr }).await
                 }
                 AdminOp::RemoveNode { node_id } => admin.remove_node(pb::RemoveNodeRequest { node_id }).await,
                 AdminOp::DecommissionNode { node_id } => {

@@ -229,7 +229,7 @@ pub const LEADER_HEADER: &str = tocsin_contract::headers::LEADER;
 pub enum AdminOp {
     /// Add the node listening at `grpc_addr`; it must be running, started
     /// with `--join`.
-    AddNode { grpc_addr: String, http_addr: String },
+    AddNode { grpc_addr: String, http_addr: String, peer_addr: String },
     /// Drain a live node (every replica and leadership moves off), then
     /// remove it.
     RemoveNode { node_id: u64 },

@@ -227,3 +227,85 @@ async fn client_ports_speak_mutual_tls_only() {
     assert!(client_cert.is_err(), "a client certificate was answered on the peer port: {client_cert:?}");
     assert!(node.log().contains("the certificate names no node"), "the peer port did not log the refusal");
 }
+
+/// `tocsin admin node add` of a node whose client port runs TLS: asked on
+/// its client port in plaintext, the new node does not answer and the add
+/// fails saying so; with `--peer`, the cluster asks it on its peer port
+/// (peer mTLS) and the add completes; a wrong `--peer` is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_with_client_tls_is_added_through_its_peer_port() {
+    let dir = tempfile::tempdir().unwrap();
+    let certs = dir.path().join("certs");
+    let certs_s = certs.to_str().unwrap();
+    tocsin(&["certs", "init", "--dir", certs_s]);
+    for id in ["1", "2"] {
+        tocsin(&["certs", "issue", "--dir", certs_s, "--node", id, "--host", "127.0.0.1"]);
+    }
+    tocsin(&["certs", "client", "--dir", certs_s, "--name", "ops"]);
+    let ca = certs.join("ca.pem");
+    let (cert, key) = (certs.join("client-ops.pem"), certs.join("client-ops.key"));
+    let token_file = dir.path().join("bootstrap-token");
+    std::fs::write(&token_file, format!("{ROOT}\n")).unwrap();
+    let env_of = |id: &str| -> Vec<(String, String)> {
+        vec![
+            ("TOCSIN_CLIENT_TLS__CERT_FILE".into(), certs.join(format!("node-{id}.pem")).display().to_string()),
+            ("TOCSIN_CLIENT_TLS__KEY_FILE".into(), certs.join(format!("node-{id}.key")).display().to_string()),
+            ("TOCSIN_CLIENT_TLS__CLIENT_CA_FILE".into(), ca.display().to_string()),
+            ("TOCSIN_PEER_TLS__DIR".into(), certs_s.to_string()),
+            ("TOCSIN_AUTH__MODE".into(), "tokens".into()),
+            ("TOCSIN_AUTH__BOOTSTRAP_TOKEN_FILE".into(), token_file.display().to_string()),
+            ("TOCSIN_REPLICATION_FACTOR".into(), "1".into()),
+        ]
+    };
+    let probe = ProbeTls { ca: ca.clone(), cert: Some(cert.clone()), key: Some(key.clone()) };
+    let env1 = env_of("1");
+    let env1: Vec<(&str, &str)> = env1.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let n1_dir = dir.path().join("n1");
+    std::fs::create_dir_all(&n1_dir).unwrap();
+    let node1 = NodeProcess::start_with_tls(&n1_dir, &env1, probe.clone());
+
+    // Node 2 starts empty, waiting to be added.
+    let ports = tocsin_node::testing::free_ports(3);
+    let [grpc2, http2, peer2] = [0, 1, 2].map(|i| format!("127.0.0.1:{}", ports[i]));
+    let env2 = env_of("2");
+    let env2: Vec<(&str, &str)> = env2.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+    let mut node2 = NodeProcess::start_member(dir.path(), 2, [&grpc2, &http2, &peer2], &["--join"], &env2);
+    node2.set_probe_tls(probe);
+    node2.wait_ready();
+
+    let admin = |args: &[&str]| {
+        let mut all = vec!["--tls-ca", ca.to_str().unwrap(), "--tls-cert", cert.to_str().unwrap()];
+        all.extend(["--tls-key", key.to_str().unwrap(), "--token", ROOT, "admin", "--addr", &node1.grpc]);
+        all.extend(args);
+        cli(&all)
+    };
+    // Phase: asked on its client port, in plaintext, it cannot answer.
+    let (ok, out, err) = admin(&["node", "add", &grpc2]);
+    assert!(!ok, "node add reached a TLS client port in plaintext: {out}{err}");
+    assert!(err.contains("cannot reach"), "{err}");
+    // Phase: a --peer the node does not advertise is refused.
+    let (ok, out, err) = admin(&["node", "add", &grpc2, "--peer", &node1.peer]);
+    assert!(!ok, "node add took a peer address the node does not own: {out}{err}");
+    // Phase: asked on its peer port, it is added.
+    let (ok, out, err) = admin(&["node", "add", &grpc2, "--peer", &peer2]);
+    assert!(ok && format!("{out}{err}").contains("node 2 added"), "{out}{err}");
+    let (ok, out, err) = cli(&[
+        "--tls-ca",
+        ca.to_str().unwrap(),
+        "--tls-cert",
+        cert.to_str().unwrap(),
+        "--tls-key",
+        key.to_str().unwrap(),
+        "--token",
+        ROOT,
+        "cluster",
+        "status",
+        "--addr",
+        &node1.grpc,
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let status: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let nodes: Vec<u64> = status["nodes"].as_array().unwrap().iter().map(|n| n["node_id"].as_u64().unwrap()).collect();
+    assert_eq!(nodes, vec![1, 2], "{out}");
+}

@@ -168,6 +168,12 @@ impl NodeProcess {
         self.child = Some(cmd.spawn().expect("spawn tocsin"));
     }
 
+    /// Probes this node's readiness over TLS with `tls` from now on (a
+    /// member started with client TLS).
+    pub fn set_probe_tls(&mut self, tls: ProbeTls) {
+        self.probe_tls = Some(tls);
+    }
+
     pub fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut curl: Vec<String> = vec!["-sf".into(), "-m".into(), "1".into()];

@@ -167,7 +167,8 @@ impl pb::admin_service_server::AdminService for AdminApi {
         if req.grpc_addr.is_empty() {
             return Err(NodeError::invalid("grpc_addr", "give the new node's gRPC address, host:port").into());
         }
-        Ok(self.spawn_op(|node, rep| ops::add_node(node, req.grpc_addr, req.http_addr, rep)))
+        let addrs = ops::NewAddrs { grpc_addr: req.grpc_addr, http_addr: req.http_addr, peer_addr: req.peer_addr };
+        Ok(self.spawn_op(|node, rep| ops::add_node(node, addrs, rep)))
     }
 
     type RemoveNodeStream = ProgressStream;

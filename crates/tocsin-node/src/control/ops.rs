@@ -292,18 +292,22 @@ async fn set_status(node: &Arc<NodeState>, rep: &mut Reporter, id: u64, status: 
 /// `node add`: the new node joins the shards the ring gives it, is marked
 /// active once they are in place, and the balancer moves some leaderships
 /// to it.
-pub async fn add_node(node: Arc<NodeState>, grpc_addr: String, http_addr: String, mut rep: Reporter) {
-    if let Err(e) = add_node_steps(&node, grpc_addr, http_addr, &mut rep).await {
+pub async fn add_node(node: Arc<NodeState>, addrs: NewAddrs, mut rep: Reporter) {
+    if let Err(e) = add_node_steps(&node, addrs, &mut rep).await {
         rep.fail(e).await;
     }
 }
 
-async fn add_node_steps(
-    node: &Arc<NodeState>,
-    grpc_addr: String,
-    http_addr: String,
-    rep: &mut Reporter,
-) -> Result<(), NodeError> {
+/// A node to add, as the operator names it: its client gRPC address, and
+/// optionally its HTTP and peer addresses (empty: what the node reports).
+pub struct NewAddrs {
+    pub grpc_addr: String,
+    pub http_addr: String,
+    pub peer_addr: String,
+}
+
+async fn add_node_steps(node: &Arc<NodeState>, addrs: NewAddrs, rep: &mut Reporter) -> Result<(), NodeError> {
+    let NewAddrs { grpc_addr, http_addr, peer_addr: given_peer } = addrs;
     // A node the map already names (a re-run of an interrupted add) holds
     // the map and checks tokens on its client port: ask it on its peer
     // port. A new node knows no cluster yet and answers reads anywhere.
@@ -313,7 +317,8 @@ async fn add_node_steps(
         .nodes
         .values()
         .find(|n| n.grpc_addr == grpc_addr && !n.peer_addr.is_empty())
-        .map(|n| n.peer_addr.clone());
+        .map(|n| n.peer_addr.clone())
+        .or_else(|| (!given_peer.is_empty()).then(|| given_peer.clone()));
     let info = match &known_peer {
         Some(peer) => fetch_info(node, peer).await?,
         None => fetch_info_at(node, Port::Client(&grpc_addr), 0).await?,
@@ -330,15 +335,31 @@ async fn add_node_steps(
     } else {
         http_addr
     };
-    // Its peer address is its own word: the operator names only the client
-    // port, the one an operator can reach.
+    // Its peer address is its own word (the operator's, if given, is where
+    // it was asked, and must be the same).
     let peer_addr = info.nodes.iter().find(|n| n.node_id == new).map(|n| n.peer_addr.clone()).unwrap_or_default();
+    if !given_peer.is_empty() {
+        let own_grpc = info.nodes.iter().find(|n| n.node_id == new).map(|n| n.grpc_addr.as_str()).unwrap_or("");
+        if (!peer_addr.is_empty() && given_peer != peer_addr) || own_grpc != grpc_addr {
+            return Err(NodeError::invalid(
+                "peer_addr",
+                format!(
+                    "the node at peer address {given_peer} is node {new} with client address {own_grpc:?} \
+                     and peer address {peer_addr:?}, not the node at {grpc_addr}"
+                ),
+            ));
+        }
+    }
     if peer_addr.is_empty() {
         return Err(NodeError::FailedPrecondition(format!(
             "node {new} at {grpc_addr} did not say where its peer port is (a build from before the peer port?)"
         )));
     }
     let hosts: Vec<u32> = info.shards.iter().map(|s| s.shard).collect();
+    // The plan's quorum check asks every node it knows on its peer port:
+    // the newcomer must be one of them, or a shard moving to it alone (a
+    // one-replica cluster growing) is refused as having no quorum.
+    node.router.set_addr(new, &peer_addr);
     let newcomer = NewNode { id: new, grpc_addr: grpc_addr.clone(), http_addr, peer_addr };
     let mut planned = 0usize;
     let map = commit(node, rep, &format!("adding node {new}"), |map, view| {
