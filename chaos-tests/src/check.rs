@@ -64,9 +64,20 @@ pub struct Delivery {
     pub status: u16,
 }
 
-/// Every line of a receiver's records that parses as a delivery.
+/// Every delivery in a receiver's records. The sink also records each
+/// mode change (`"verdict": "mode"`, from `POST /_sink/mode`) in the same
+/// file; those are not deliveries and are skipped. Any other line that does
+/// not parse is an error.
 pub fn read_deliveries(path: &Path) -> anyhow::Result<Vec<Delivery>> {
-    read_lines(path)
+    let records: Vec<serde_json::Value> = read_lines(path)?;
+    records
+        .into_iter()
+        .filter(|r| r.get("verdict").and_then(|v| v.as_str()) != Some("mode"))
+        .map(|r| {
+            let line = r.to_string();
+            serde_json::from_value(r).map_err(|e| anyhow::anyhow!("{}: {e}: {line}", path.display()))
+        })
+        .collect()
 }
 
 /// Every operation the driver recorded.
@@ -212,7 +223,7 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
     let ops: Vec<Op> = read_lines(inputs.ops)?;
     let mut files: Vec<Vec<Delivery>> = Vec::new();
     for path in inputs.deliveries {
-        files.push(if path.exists() { read_lines(path)? } else { Vec::new() });
+        files.push(if path.exists() { read_deliveries(path)? } else { Vec::new() });
     }
     let fault = inputs.fault;
     let mut report = Report::default();
@@ -377,6 +388,26 @@ mod tests {
             path: String::new(),
             status: 200,
         }
+    }
+
+    #[test]
+    fn the_sinks_mode_lines_are_skipped_and_anything_else_unparsable_fails() {
+        let dir = std::env::temp_dir().join(format!("tocsin-check-modes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let dels = dir.join("deliveries.ndjson");
+        let a =
+            r#"{"recv_ms":1030,"verdict":"accepted","id":"a","shard":0,"epoch":1,"fire_id":"f1","fire_at_ms":1000}"#;
+        let mode = r#"{"mode":"Ok","path":"/status/500","recv_ms":1040,"verdict":"mode"}"#;
+        let b =
+            r#"{"recv_ms":1050,"verdict":"duplicate","id":"b","shard":0,"epoch":1,"fire_id":"f2","fire_at_ms":1000}"#;
+        std::fs::write(&dels, format!("{a}\n{mode}\n{b}\n")).unwrap();
+        let read = read_deliveries(&dels).unwrap();
+        assert_eq!(read.iter().map(|d| d.id.as_str()).collect::<Vec<_>>(), ["a", "b"]);
+        let renamed =
+            r#"{"recv_ms":1050,"verdict":"renamed","id":"c","shard":0,"epoch":1,"fire_id":"f3","fire_at_ms":1000}"#;
+        std::fs::write(&dels, format!("{a}\n{renamed}\n{b}\n")).unwrap();
+        assert!(read_deliveries(&dels).is_err(), "a renamed verdict must fail the check");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
