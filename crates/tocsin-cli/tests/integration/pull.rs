@@ -324,16 +324,7 @@ async fn a_consumer_holds_at_most_its_window_and_an_ack_reopens_it() {
     assert_eq!(held.len(), 10, "a window of 10 held {} unacked reservations", held.len());
 
     // Phase: ack them; the next ten follow.
-    let acks = held
-        .iter()
-        .map(|d| pb::DeliveryRef {
-            namespace: d.namespace.clone(),
-            id: d.id.clone(),
-            fire_id: d.fire_id.clone(),
-            attempt: d.attempt,
-        })
-        .collect();
-    let results = client.ack(acks).await.unwrap();
+    let results = client.ack(refs(&pb::ReserveResponse { deliveries: held.clone() })).await.unwrap();
     assert!(results.iter().all(|r| r.status == pb::ack_result::Status::Ok as i32), "{results:?}");
     let next = tokio::time::timeout(Duration::from_secs(5), stream.message()).await.unwrap().unwrap().unwrap();
     assert!(!next.deliveries.is_empty() && next.deliveries.len() <= 10, "{}", next.deliveries.len());

@@ -53,39 +53,48 @@ pub fn apply_cluster(map: &mut ClusterMap, cmd: &ClusterCommand, now_ms: u64) ->
     })
 }
 
-/// Token changes raise the epoch like any map change, so every node's
-/// cache (which takes only newer epochs) picks them up.
-fn change_tokens(map: &ClusterMap, change: &TokenChange, now_ms: u64) -> Result<Option<ClusterMap>, MapError> {
+/// A change to the map's settings (tokens, quotas, secrets) on a
+/// bootstrapped map: `edit` changes a copy and says whether it changed
+/// anything. A change raises the epoch like any map change, so every
+/// node's cache (which takes only newer epochs) picks it up.
+fn change_settings(
+    map: &ClusterMap,
+    now_ms: u64,
+    edit: impl FnOnce(&mut ClusterMap) -> Result<bool, MapError>,
+) -> Result<Option<ClusterMap>, MapError> {
     if !map.is_bootstrapped() {
         return Err(MapError::NotBootstrapped);
     }
     let mut next = map.clone();
-    match change {
-        TokenChange::Create { id, record } => {
-            if !crate::auth::valid_token_id(id) {
-                return Err(MapError::Invalid(format!("token id {id:?}: 1 to 32 letters, digits or -")));
-            }
-            if map.tokens.contains_key(id) {
-                return Err(MapError::Invalid(format!("token id {id} is taken")));
-            }
-            if map.tokens.len() >= crate::auth::MAX_TOKENS {
-                return Err(MapError::Invalid(format!(
-                    "the cluster holds {} tokens, the most it may",
-                    map.tokens.len()
-                )));
-            }
-            record.check().map_err(MapError::Invalid)?;
-            next.tokens.insert(id.clone(), record.clone());
-        }
-        TokenChange::Revoke { id } => {
-            if next.tokens.remove(id).is_none() {
-                return Ok(None);
-            }
-        }
+    if !edit(&mut next)? {
+        return Ok(None);
     }
     next.epoch = map.epoch + 1;
     next.changed_at_ms = now_ms;
     Ok(Some(next))
+}
+
+fn change_tokens(map: &ClusterMap, change: &TokenChange, now_ms: u64) -> Result<Option<ClusterMap>, MapError> {
+    change_settings(map, now_ms, |next| match change {
+        TokenChange::Create { id, record } => {
+            if !crate::auth::valid_token_id(id) {
+                return Err(MapError::Invalid(format!("token id {id:?}: 1 to 32 letters, digits or -")));
+            }
+            if next.tokens.contains_key(id) {
+                return Err(MapError::Invalid(format!("token id {id} is taken")));
+            }
+            if next.tokens.len() >= crate::auth::MAX_TOKENS {
+                return Err(MapError::Invalid(format!(
+                    "the cluster holds {} tokens, the most it may",
+                    next.tokens.len()
+                )));
+            }
+            record.check().map_err(MapError::Invalid)?;
+            next.tokens.insert(id.clone(), record.clone());
+            Ok(true)
+        }
+        TokenChange::Revoke { id } => Ok(next.tokens.remove(id).is_some()),
+    })
 }
 
 /// A namespace's quota: set (replacing any) or cleared.
@@ -95,33 +104,19 @@ fn change_quota(
     quota: Option<NamespaceQuota>,
     now_ms: u64,
 ) -> Result<Option<ClusterMap>, MapError> {
-    if !map.is_bootstrapped() {
-        return Err(MapError::NotBootstrapped);
-    }
     crate::validate::check_namespace(namespace).map_err(|e| MapError::Invalid(e.to_string()))?;
-    let mut next = map.clone();
-    match quota {
+    change_settings(map, now_ms, |next| match quota {
         Some(q) if q == NamespaceQuota::default() => {
-            return Err(MapError::Invalid("a quota needs max_pending or creates_per_sec; clear it instead".into()));
+            Err(MapError::Invalid("a quota needs max_pending or creates_per_sec; clear it instead".into()))
         }
         Some(q) => {
-            if map.quotas.get(namespace) == Some(&q) {
-                return Ok(None);
-            }
-            if !map.quotas.contains_key(namespace) && map.quotas.len() >= MAX_NAMESPACE_SETTINGS {
+            if !next.quotas.contains_key(namespace) && next.quotas.len() >= MAX_NAMESPACE_SETTINGS {
                 return Err(MapError::Invalid(format!("at most {MAX_NAMESPACE_SETTINGS} namespaces have a quota")));
             }
-            next.quotas.insert(namespace.to_string(), q);
+            Ok(next.quotas.insert(namespace.to_string(), q) != Some(q))
         }
-        None => {
-            if next.quotas.remove(namespace).is_none() {
-                return Ok(None);
-            }
-        }
-    }
-    next.epoch = map.epoch + 1;
-    next.changed_at_ms = now_ms;
-    Ok(Some(next))
+        None => Ok(next.quotas.remove(namespace).is_some()),
+    })
 }
 
 /// A namespace's signing secrets: rotated, their rotation finished, or
@@ -132,12 +127,8 @@ fn change_secret(
     change: &SecretChange,
     now_ms: u64,
 ) -> Result<Option<ClusterMap>, MapError> {
-    if !map.is_bootstrapped() {
-        return Err(MapError::NotBootstrapped);
-    }
     crate::validate::check_namespace(namespace).map_err(|e| MapError::Invalid(e.to_string()))?;
-    let mut next = map.clone();
-    match change {
+    change_settings(map, now_ms, |next| match change {
         SecretChange::Rotate { secret } => {
             if !SECRET_BYTES.contains(&secret.0.len()) {
                 return Err(MapError::Invalid(format!(
@@ -158,7 +149,7 @@ fn change_secret(
                     old
                 }
                 None => {
-                    if map.secrets.len() >= MAX_NAMESPACE_SETTINGS {
+                    if next.secrets.len() >= MAX_NAMESPACE_SETTINGS {
                         return Err(MapError::Invalid(format!(
                             "at most {MAX_NAMESPACE_SETTINGS} namespaces have a secret"
                         )));
@@ -167,20 +158,17 @@ fn change_secret(
                 }
             };
             next.secrets.insert(namespace.to_string(), entry);
+            Ok(true)
         }
-        SecretChange::DropPrevious => match next.secrets.get_mut(namespace) {
-            Some(s) if !s.previous.is_empty() => s.previous.clear(),
-            _ => return Ok(None),
-        },
-        SecretChange::Clear => {
-            if next.secrets.remove(namespace).is_none() {
-                return Ok(None);
+        SecretChange::DropPrevious => Ok(match next.secrets.get_mut(namespace) {
+            Some(s) if !s.previous.is_empty() => {
+                s.previous.clear();
+                true
             }
-        }
-    }
-    next.epoch = map.epoch + 1;
-    next.changed_at_ms = now_ms;
-    Ok(Some(next))
+            _ => false,
+        }),
+        SecretChange::Clear => Ok(next.secrets.remove(namespace).is_some()),
+    })
 }
 
 fn check_new_node(node: &NewNode) -> Result<(), MapError> {
