@@ -355,6 +355,7 @@ fn shared_state(
     let router = Router::new(
         node_id,
         Duration::from_millis(config.raft.rpc_timeout_ms),
+        Duration::from_millis(config.raft.election_timeout_max_ms),
         clock.clone(),
         raft_runtime.handle().clone(),
         peer_tls.clone(),
@@ -422,6 +423,13 @@ async fn serve_client_grpc(
     let admin = pb::admin_service_server::AdminServiceServer::new(AdminApi::new(state.clone()));
     let router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        // As on the peer port (see there): a client whose calls time out
+        // resets their streams, and with h2's default of 20 the server
+        // closed the client's whole connection, failing every other call on
+        // it (chaos `flapping-partitions`: "remotely-reset pending-accept
+        // streams reached limit (20)" on every node, tens of thousands of
+        // creates with an unknown outcome).
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
         .add_service(timers)
         .add_service(admin)
         .add_service(crate::api::peer::RefuseTransport)
