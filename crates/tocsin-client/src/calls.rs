@@ -26,15 +26,56 @@ impl Client {
 
     /// Creates many timers: split per shard, sent to each leader
     /// concurrently, results in request order.
+    ///
+    /// Items a leader refused for a retryable reason (a leader change
+    /// mid-batch, a shard shedding load) are sent again, still batched per
+    /// shard, after a backoff that honours the largest retry hint; creates
+    /// are idempotent. A call that failed as a whole has already been
+    /// retried by [`Client::call`]. (Retried one by one, a refused batch of
+    /// 100 became 100 calls each retrying on its own, and a cluster that
+    /// refused batches for a moment was kept overloaded by the retries.)
     pub async fn create_timers(
         &self,
         reqs: Vec<pb::CreateTimerRequest>,
     ) -> Vec<Result<pb::CreateTimerResponse, ClientError>> {
+        let (mut out, mut refused) = self.create_batches(&reqs).await;
+        let mut round = 1;
+        loop {
+            let retry: Vec<usize> =
+                (0..reqs.len()).filter(|i| refused[*i] && matches!(&out[*i], Err(e) if e.retryable())).collect();
+            if retry.is_empty() || round >= self.inner.options.max_attempts {
+                return out;
+            }
+            let hint_ms = retry
+                .iter()
+                .filter_map(|i| match &out[*i] {
+                    Err(ClientError::Status { info, .. }) => Some(info.retry_after_ms),
+                    _ => None,
+                })
+                .max()
+                .unwrap_or(0);
+            tokio::time::sleep(self.backoff(round).max(std::time::Duration::from_millis(hint_ms))).await;
+            let again: Vec<pb::CreateTimerRequest> = retry.iter().map(|i| reqs[*i].clone()).collect();
+            let (results, item_refused) = self.create_batches(&again).await;
+            for ((i, r), item) in retry.into_iter().zip(results).zip(item_refused) {
+                out[i] = r;
+                refused[i] = item;
+            }
+            round += 1;
+        }
+    }
+
+    /// One round of [`Client::create_timers`]: each result, and whether it
+    /// is an item's own refusal (inside an answered call) rather than the
+    /// failure of its whole call.
+    async fn create_batches(
+        &self,
+        reqs: &[pb::CreateTimerRequest],
+    ) -> (Vec<Result<pb::CreateTimerResponse, ClientError>>, Vec<bool>) {
         let mut by_shard: BTreeMap<u32, Vec<(usize, pb::CreateTimerRequest)>> = BTreeMap::new();
         let n = reqs.len();
-        let originals = reqs.clone();
-        for (i, req) in reqs.into_iter().enumerate() {
-            by_shard.entry(self.shard_of(&req.namespace, &req.id)).or_default().push((i, req));
+        for (i, req) in reqs.iter().enumerate() {
+            by_shard.entry(self.shard_of(&req.namespace, &req.id)).or_default().push((i, req.clone()));
         }
         let calls = by_shard.into_iter().flat_map(|(shard, items)| {
             // Keep each call within the server's batch limit.
@@ -51,10 +92,12 @@ impl Client {
             })
         });
         let mut out: Vec<Option<Result<pb::CreateTimerResponse, ClientError>>> = (0..n).map(|_| None).collect();
+        let mut refused = vec![false; n];
         for (positions, result) in futures::future::join_all(calls).await {
             match result {
                 Ok(resp) => {
                     for (i, r) in positions.into_iter().zip(resp.results) {
+                        refused[i] = true;
                         out[i] = Some(match r.result {
                             Some(pb::create_timer_result::Result::Ok(ok)) => Ok(ok),
                             Some(pb::create_timer_result::Result::Error(info)) => Err(ClientError::Status {
@@ -73,19 +116,9 @@ impl Client {
                 }
             }
         }
-        let mut out: Vec<Result<pb::CreateTimerResponse, ClientError>> =
+        let out =
             out.into_iter().map(|r| r.unwrap_or_else(|| Err(ClientError::Unreachable("no result".into())))).collect();
-        // Items refused for a retryable reason (a leader change mid-batch, say)
-        // are retried one by one, with hints and backoff; creates are idempotent.
-        let retry: Vec<usize> = (0..n).filter(|i| matches!(&out[*i], Err(e) if e.retryable())).collect();
-        if !retry.is_empty() {
-            let retried =
-                futures::future::join_all(retry.iter().map(|i| self.create_timer(originals[*i].clone()))).await;
-            for (i, r) in retry.into_iter().zip(retried) {
-                out[i] = r;
-            }
-        }
-        out
+        (out, refused)
     }
 
     pub async fn get_timer(&self, namespace: &str, id: &str) -> Result<pb::Timer, ClientError> {

@@ -89,7 +89,7 @@ impl Client {
                             _ => self.backoff(attempt),
                         };
                         tokio::time::sleep(wait).await;
-                        let _ = self.refresh().await;
+                        self.refresh_after_failure().await;
                     }
                     last = err;
                 }
@@ -102,7 +102,7 @@ impl Client {
                     self.suspect(&addr);
                     self.forget_leader(shard);
                     tokio::time::sleep(self.backoff(attempt)).await;
-                    let _ = self.refresh().await;
+                    self.refresh_after_failure().await;
                 }
             }
         }

@@ -91,6 +91,18 @@ impl Client {
         let _ = self.refresh().await;
     }
 
+    /// Refreshes the map after a failed attempt, unless another one did in
+    /// the last [`crate::REFRESH_AFTER_FAILURE_EVERY`]: concurrent failures
+    /// wait for one refresh instead of each asking every node.
+    pub(crate) async fn refresh_after_failure(&self) {
+        let mut last = self.inner.refreshing.lock().await;
+        if last.is_some_and(|at| at.elapsed() < crate::REFRESH_AFTER_FAILURE_EVERY) {
+            return;
+        }
+        let _ = self.refresh().await;
+        *last = Some(std::time::Instant::now());
+    }
+
     /// `message` as a request routed by the current map: it carries the
     /// map's epoch.
     pub(crate) fn routed<T>(&self, message: T) -> tonic::Request<T> {
