@@ -155,6 +155,10 @@ pub struct Report {
     /// I5.
     pub lateness: Percentiles,
     pub lateness_fault_window: Percentiles,
+    /// The fault window's timers as (due, lateness) in ms, for the phase
+    /// breakdown of [`lateness_by_phase`].
+    #[serde(skip)]
+    pub fault_window_samples: Vec<(u64, u64)>,
     /// I7: replicas agree (checked by the runner).
     pub digests_equal: Option<bool>,
     /// I8: milliseconds until every shard had a leader after healing.
@@ -318,6 +322,7 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
                     && *due_ms <= end + 10_000
                 {
                     window.push(late);
+                    report.fault_window_samples.push((*due_ms, late));
                 }
                 if let Some(c) = cancel.get(id)
                     && (c.outcome == "cancelled" || c.outcome == "already_cancelled")
@@ -345,6 +350,55 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
     report.lateness = Percentiles::of(lateness);
     report.lateness_fault_window = Percentiles::of(window);
     Ok(report)
+}
+
+/// The lateness of the timers due in each labelled phase. `phases` holds
+/// (start ms, label) in time order; a phase lasts until the next one starts
+/// (the last one until the end of the samples), and phases that share a
+/// label are counted together. Labels come out in the order they first
+/// appear; a label no timer was due in is left out.
+pub fn lateness_by_phase(samples: &[(u64, u64)], phases: &[(u64, String)]) -> Vec<(String, Percentiles)> {
+    let mut labels: Vec<&str> = Vec::new();
+    let mut late: HashMap<&str, Vec<u64>> = HashMap::new();
+    for (due_ms, late_ms) in samples {
+        // The last phase that started at or before the timer was due.
+        let at = phases.partition_point(|(start, _)| start <= due_ms);
+        let Some(i) = at.checked_sub(1) else { continue };
+        let label = phases[i].1.as_str();
+        if !labels.contains(&label) {
+            labels.push(label);
+        }
+        late.entry(label).or_default().push(*late_ms);
+    }
+    let mut out: Vec<(String, Percentiles)> =
+        labels.iter().map(|l| (l.to_string(), Percentiles::of(late.remove(l).unwrap_or_default()))).collect();
+    out.sort_by_key(|(l, _)| phases.iter().position(|(_, p)| p == l));
+    out
+}
+
+/// The lateness of the timers whose every phase from `before_ms` before
+/// their due time to `after_ms` after it passes `ok` (labels as in
+/// [`lateness_by_phase`]); timers due before the first phase are left out.
+pub fn lateness_where(
+    samples: &[(u64, u64)],
+    phases: &[(u64, String)],
+    before_ms: u64,
+    after_ms: u64,
+    ok: impl Fn(&str) -> bool,
+) -> Percentiles {
+    let mut late = Vec::new();
+    for (due_ms, late_ms) in samples {
+        if phases.partition_point(|(start, _)| start <= due_ms) == 0 {
+            continue;
+        }
+        let from = due_ms.saturating_sub(before_ms);
+        let first = phases.partition_point(|(start, _)| *start <= from).saturating_sub(1);
+        let last = phases.partition_point(|(start, _)| *start <= due_ms + after_ms) - 1;
+        if phases[first..=last].iter().all(|(_, label)| ok(label)) {
+            late.push(*late_ms);
+        }
+    }
+    Percentiles::of(late)
 }
 
 /// Counts the places where, within a shard, a higher epoch's earliest attempt
@@ -461,5 +515,32 @@ mod tests {
         assert_eq!(epoch_order_violations(&[d(0, 1, 10), d(0, 1, 20), d(0, 2, 15)]), 1);
         // Other shards' indexes are unrelated.
         assert_eq!(epoch_order_violations(&[d(0, 1, 100), d(1, 2, 1)]), 0);
+    }
+
+    #[test]
+    fn lateness_is_split_by_the_phase_each_timer_was_due_in() {
+        let phases = vec![(100, "quorum".to_string()), (200, "no quorum".to_string()), (300, "quorum".to_string())];
+        // Before the first phase: not counted. 150 and 350 share a label.
+        let samples = [(50, 9_999), (150, 10), (250, 2_000), (299, 3_000), (350, 30), (200, 1_500)];
+        let by = lateness_by_phase(&samples, &phases);
+        let labels: Vec<&str> = by.iter().map(|(l, _)| l.as_str()).collect();
+        assert_eq!(labels, ["quorum", "no quorum"]);
+        assert_eq!((by[0].1.n, by[0].1.max_ms), (2, 30));
+        assert_eq!((by[1].1.n, by[1].1.p50_ms, by[1].1.max_ms), (3, 2_000, 3_000));
+        assert!(lateness_by_phase(&samples, &[]).is_empty());
+    }
+
+    #[test]
+    fn only_timers_whose_whole_window_passes_are_counted() {
+        let phases = vec![(100, "up".to_string()), (200, "down".to_string()), (300, "up".to_string())];
+        let samples = [(50, 1), (110, 2), (150, 3), (199, 4), (250, 5), (300, 6), (500, 7)];
+        // 150 and 199 run into "down" within 60 ms; 50 is before the phases.
+        let p = lateness_where(&samples, &phases, 0, 60, |l| l == "up");
+        assert_eq!((p.n, p.max_ms), (3, 7));
+        assert_eq!(lateness_where(&samples, &phases, 0, 0, |l| l == "up").n, 5);
+        assert_eq!(lateness_where(&samples, &phases, 0, 1_000, |l| l == "up").n, 2);
+        // 300 came right after "down": 50 ms before it is still down.
+        let p = lateness_where(&samples, &phases, 50, 0, |l| l == "up");
+        assert_eq!((p.n, p.max_ms), (4, 7));
     }
 }

@@ -457,28 +457,53 @@ pub async fn node_info(addr: &str, digests: bool) -> Option<pb::ClusterInfo> {
 /// and every shard is hosted somewhere; returns how long that took.
 pub async fn wait_all_led(seeds: &[String], shards: u32, timeout: Duration) -> Option<Duration> {
     let started = Instant::now();
+    // What the last unsuccessful round lacked, printed when waiting was slow:
+    // an I8 figure alone does not say which node or shard held it up.
+    let mut lacking: Vec<String> = Vec::new();
     while started.elapsed() < timeout {
-        let mut ok = true;
+        let mut why: Vec<String> = Vec::new();
         let mut led = vec![false; shards as usize];
         for seed in seeds {
+            let asked = Instant::now();
             match node_info(seed, false).await {
                 Some(info) => {
                     for s in &info.shards {
                         if s.leader == 0 {
-                            ok = false;
+                            why.push(format!("{seed} knows no leader of shard {}", s.shard));
                         } else if let Some(l) = led.get_mut(s.shard as usize) {
                             *l = true;
                         }
                     }
                 }
-                None => ok = false,
+                None => why.push(format!("{seed} did not answer ({} ms)", asked.elapsed().as_millis())),
             }
         }
-        if ok && led.iter().all(|l| *l) {
+        for (shard, l) in led.iter().enumerate() {
+            if !l {
+                why.push(format!("nobody knows a leader of shard {shard}"));
+            }
+        }
+        if why.is_empty() {
+            if started.elapsed() > Duration::from_secs(2) {
+                println!(
+                    "    (every shard led after {} ms; lacking before: {})",
+                    started.elapsed().as_millis(),
+                    lacking.join("; ")
+                );
+            }
             return Some(started.elapsed());
         }
+        // Printed when what is lacking changes (a node's own time varies).
+        let what: Vec<String> = why.iter().map(|w| w.split(" (").next().unwrap_or(w).to_string()).collect();
+        if what != lacking.iter().map(|w| w.split(" (").next().unwrap_or(w).to_string()).collect::<Vec<_>>()
+            && started.elapsed() > Duration::from_secs(2)
+        {
+            println!("    (waiting for leaders, at {} ms: {})", started.elapsed().as_millis(), why.join("; "));
+        }
+        lacking = why;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    println!("    (no leader everywhere after {} ms; lacking: {})", timeout.as_millis(), lacking.join("; "));
     None
 }
 

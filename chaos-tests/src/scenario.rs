@@ -149,6 +149,9 @@ pub struct Run {
     pub watch: Option<LeaderWatch>,
     /// Figures a scenario's `fault` keeps for its `judge`.
     pub notes: BTreeMap<&'static str, u64>,
+    /// The fault's phases as (start ms, label), in time order: the runner
+    /// prints the fault window's lateness per label (timers by due time).
+    pub phases: Vec<(u64, String)>,
 }
 
 impl Run {
@@ -221,6 +224,7 @@ pub async fn execute(
         failures: Vec::new(),
         watch: None,
         notes: BTreeMap::new(),
+        phases: Vec::new(),
     };
     let result = drive(scenario, &mut run).await;
     if result.is_err() {
@@ -297,6 +301,14 @@ async fn drive(scenario: &dyn Scenario, run: &mut Run) -> anyhow::Result<(Report
     }
     report.leaders_after_heal_ms = leaders_ms;
     report.digests_equal = Some(digests_agree(&run.seeds, shards).await?);
+    if let Some(first) = run.phases.first() {
+        let timeline: Vec<String> =
+            run.phases.iter().map(|(at, label)| format!("+{:.1} s {label}", (at - first.0) as f64 / 1000.0)).collect();
+        std::fs::write(run.dir.join("phases.txt"), timeline.join("\n") + "\n")?;
+    }
+    for (label, late) in check::lateness_by_phase(&report.fault_window_samples, &run.phases) {
+        println!("    fault-window lateness, due while {label}: {late}");
+    }
     let mut own = std::mem::take(&mut run.failures);
     own.extend(scenario.judge(run, &report).await?);
     Ok((report, std::mem::take(&mut run.live), own))

@@ -12,7 +12,11 @@
 //! takes seconds to stream), the partition heals, and as soon as an incoming snapshot file
 //! appears in its spool directory (`<data>/spool/incoming-<group>-*.snap`,
 //! written while a snapshot streams in), the leader of that shard is
-//! killed with SIGKILL; it is restarted 5 s later and the link unthrottled.
+//! killed with SIGKILL and the link unthrottled at once (the slow link is
+//! only there to catch a snapshot mid-stream; left on, it would be the
+//! surviving majority's only path, slower than the write load, and the row
+//! would measure that link instead of the catch-up); the killed node is
+//! restarted 5 s later.
 //!
 //! Bounds: nothing lost, and the digests must agree at the end (the
 //! follower converges). Fails as not injected if no snapshot is sent.
@@ -103,6 +107,7 @@ impl Scenario for SnapshotCatchupKill {
             let others: Vec<String> = run.cluster.nodes.iter().filter(|n| n.id != victim).map(|n| n.grpc()).collect();
             let peers: Vec<_> = run.cluster.nodes.iter().filter(|n| n.id != victim).map(|n| n.host.clone()).collect();
             run.fault_start_ms = Some(now_ms());
+            run.phases.push((now_ms(), format!("node {victim} partitioned (the other two are a majority)")));
             println!("    partition node {victim} (a follower of shard 0) from its peers");
             run.net.partition(&host, &peers.iter().collect::<Vec<_>>())?;
             // Until the leaders report it past the purge point on most shards.
@@ -132,6 +137,7 @@ impl Scenario for SnapshotCatchupKill {
             let healed = Instant::now();
             println!("    heal, with what node {victim} receives slowed to 4 Mbit/s");
             run.net.heal(&host)?;
+            run.phases.push((now_ms(), format!("node {victim} catching up through 4 Mbit/s (all three up)")));
             let mut streams: BTreeSet<String> = BTreeSet::new();
             let mut killed = None;
             while healed.elapsed() < Duration::from_secs(60) && killed.is_none() {
@@ -149,6 +155,8 @@ impl Scenario for SnapshotCatchupKill {
                         healed.elapsed().as_millis()
                     );
                     run.cluster.node(leader).kill9();
+                    run.net.shape_incoming(&host, None)?;
+                    run.phases.push((now_ms(), format!("node {leader} killed, node {victim} unthrottled")));
                     killed = Some(leader);
                     break;
                 }
@@ -165,9 +173,9 @@ impl Scenario for SnapshotCatchupKill {
                 streams.extend(incoming(&spool).into_iter().map(|(_, name, _)| name));
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
-            println!("    restart node {killed}; unthrottle node {victim}");
+            println!("    restart node {killed}");
             run.cluster.restart(killed)?;
-            run.net.shape_incoming(&host, None)?;
+            run.phases.push((now_ms(), format!("node {killed} restarted")));
             println!("    snapshot streams seen arriving at node {victim} so far: {}", streams.len());
             Ok(())
         })
