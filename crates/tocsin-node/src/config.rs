@@ -118,6 +118,8 @@ pub struct RaftTuning {
     pub heartbeat_ms: u64,
     /// Election timeouts are drawn from [min, max] per campaign (openraft
     /// 0.10 re-draws each time, so two candidates cannot split forever).
+    /// The max also bounds each peer's Raft link: one to connect, two of
+    /// silence before the connection is replaced (`shard::raft`).
     pub election_timeout_min_ms: u64,
     pub election_timeout_max_ms: u64,
     /// Take a snapshot after this many log entries since the last.
