@@ -943,12 +943,13 @@ mod tests {
 
         // Every connection made so far goes silent and stays open.
         stuck_before.store(u64::MAX, Ordering::Relaxed);
+        let stuck_at = Instant::now();
         assert!(!answered(&router).await, "a stuck connection answered");
         stuck_before.store(2, Ordering::Relaxed);
 
         // Calls keep timing out until the router gives up on the connection
-        // (two election timeouts of silence), then a new one answers.
-        let stuck_at = Instant::now();
+        // (two election timeouts of silence; here that is also the first
+        // call's own timeout), then a new one answers.
         while !answered(&router).await {
             assert!(
                 stuck_at.elapsed() < Duration::from_secs(3),
