@@ -457,15 +457,22 @@ pub async fn node_info(addr: &str, digests: bool) -> Option<pb::ClusterInfo> {
 /// and every shard is hosted somewhere; returns how long that took.
 pub async fn wait_all_led(seeds: &[String], shards: u32, timeout: Duration) -> Option<Duration> {
     let started = Instant::now();
-    // What the last unsuccessful round lacked, printed when waiting was slow:
-    // an I8 figure alone does not say which node or shard held it up.
+    // What held the wait up, printed when it was slow: an I8 figure alone
+    // says neither which node or shard it waited for nor whether a node was
+    // merely slow to answer (a round that finds everything led can itself
+    // take seconds).
     let mut lacking: Vec<String> = Vec::new();
+    let mut slow: Vec<String> = Vec::new();
     while started.elapsed() < timeout {
         let mut why: Vec<String> = Vec::new();
         let mut led = vec![false; shards as usize];
         for seed in seeds {
             let asked = Instant::now();
-            match node_info(seed, false).await {
+            let info = node_info(seed, false).await;
+            if asked.elapsed() > Duration::from_secs(1) {
+                slow.push(format!("{seed} took {} ms to answer", asked.elapsed().as_millis()));
+            }
+            match info {
                 Some(info) => {
                     for s in &info.shards {
                         if s.leader == 0 {
@@ -475,7 +482,7 @@ pub async fn wait_all_led(seeds: &[String], shards: u32, timeout: Duration) -> O
                         }
                     }
                 }
-                None => why.push(format!("{seed} did not answer ({} ms)", asked.elapsed().as_millis())),
+                None => why.push(format!("{seed} did not answer")),
             }
         }
         for (shard, l) in led.iter().enumerate() {
@@ -483,27 +490,29 @@ pub async fn wait_all_led(seeds: &[String], shards: u32, timeout: Duration) -> O
                 why.push(format!("nobody knows a leader of shard {shard}"));
             }
         }
+        if why != lacking && !why.is_empty() && started.elapsed() > Duration::from_secs(2) {
+            println!("    (waiting for leaders, at {} ms: {})", started.elapsed().as_millis(), why.join("; "));
+        }
         if why.is_empty() {
             if started.elapsed() > Duration::from_secs(2) {
                 println!(
-                    "    (every shard led after {} ms; lacking before: {})",
+                    "    (every shard led after {} ms; lacking before: [{}]; slow answers: [{}])",
                     started.elapsed().as_millis(),
-                    lacking.join("; ")
+                    lacking.join("; "),
+                    slow.join("; ")
                 );
             }
             return Some(started.elapsed());
         }
-        // Printed when what is lacking changes (a node's own time varies).
-        let what: Vec<String> = why.iter().map(|w| w.split(" (").next().unwrap_or(w).to_string()).collect();
-        if what != lacking.iter().map(|w| w.split(" (").next().unwrap_or(w).to_string()).collect::<Vec<_>>()
-            && started.elapsed() > Duration::from_secs(2)
-        {
-            println!("    (waiting for leaders, at {} ms: {})", started.elapsed().as_millis(), why.join("; "));
-        }
         lacking = why;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    println!("    (no leader everywhere after {} ms; lacking: {})", timeout.as_millis(), lacking.join("; "));
+    println!(
+        "    (no leader everywhere after {} ms; lacking: [{}]; slow answers: [{}])",
+        timeout.as_millis(),
+        lacking.join("; "),
+        slow.join("; ")
+    );
     None
 }
 
