@@ -490,6 +490,7 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
         let this = self.clone();
         let meta = meta.clone();
         tokio::task::spawn_blocking(move || {
+            let started = std::time::Instant::now();
             let header = snapshot.verify()?;
             if header.meta != meta {
                 return Err(io::Error::new(
@@ -501,7 +502,13 @@ impl RaftStateMachine<TypeConfig> for StateMachine {
             let retained = snapshot::retain(&snapshot, &header, &dir)?;
             snapshot::install(&this.store, this.group, &retained)?;
             snapshot::remove_older(&dir, retained.path())?;
-            tracing::info!(group = this.group, last = ?meta.last_log_id, bytes = retained.len(), "installed snapshot");
+            tracing::info!(
+                group = this.group,
+                last = ?meta.last_log_id,
+                bytes = retained.len(),
+                ms = started.elapsed().as_millis() as u64,
+                "installed snapshot"
+            );
             Ok(())
         })
         .await?

@@ -147,6 +147,7 @@ pub async fn supervise(ctx: Arc<ShardCtx>, dispatcher: Arc<Dispatcher>) {
 async fn run(ctx: Arc<ShardCtx>, dispatcher: Arc<Dispatcher>) {
     let events = ctx.events.attach();
     let _guard = Guard { ctx: ctx.clone(), generation: events.generation };
+    tracing::info!(shard = ctx.shard, "elected; committing a leader epoch");
     let Some(epoch) = establish(&ctx).await else { return };
     tracing::info!(shard = ctx.shard, epoch, "leading shard");
     metrics::counter!("tocsin_leader_changes_total", "shard" => ctx.shard.to_string()).increment(1);

@@ -53,6 +53,13 @@ type C = TypeConfig;
 
 /// Bytes per snapshot chunk.
 const SNAPSHOT_CHUNK_BYTES: usize = 1 << 20;
+/// Snapshots streamed to one peer at a time; the other groups' streams
+/// wait their turn. A peer catching up on every shard at once (after an
+/// outage, or joining) over a link slower than the snapshots otherwise
+/// shares it among all of them, so none completes until all do, each is
+/// stale by then, and the peer installs them all at once; in turns, its
+/// shards catch up one after another, each from a fresh snapshot.
+const SNAPSHOT_STREAMS_PER_PEER: usize = 2;
 /// How long a peer's "my free disk is low" counts after the reply that said it.
 const LOW_DISK_FRESH: Duration = Duration::from_secs(3);
 
@@ -237,6 +244,8 @@ struct Peer {
     link: Arc<LinkClient>,
     /// Snapshots, streamed over gRPC.
     snapshots: RaftTransportClient<Channel>,
+    /// Turns for snapshot streams ([`SNAPSHOT_STREAMS_PER_PEER`]).
+    snapshot_turns: Arc<tokio::sync::Semaphore>,
     health: std::sync::Mutex<LinkHealth>,
 }
 
@@ -330,7 +339,8 @@ impl Router {
                     self.inner.tls.clone(),
                 ));
                 let health = std::sync::Mutex::new(LinkHealth::new(Instant::now()));
-                let peer = Peer { addr: addr.to_string(), link, snapshots, health };
+                let snapshot_turns = Arc::new(tokio::sync::Semaphore::new(SNAPSHOT_STREAMS_PER_PEER));
+                let peer = Peer { addr: addr.to_string(), link, snapshots, snapshot_turns, health };
                 let old = self.inner.peers.write().expect("router lock").insert(target, peer);
                 if let Some(old) = old {
                     old.link.reconnect();
@@ -393,8 +403,11 @@ impl Router {
         self.peer(target, |peer| peer.link.clone())
     }
 
-    fn snapshots(&self, target: u64) -> Result<RaftTransportClient<Channel>, Unreachable<C>> {
-        self.peer(target, |peer| peer.snapshots.clone())
+    fn snapshots(
+        &self,
+        target: u64,
+    ) -> Result<(RaftTransportClient<Channel>, Arc<tokio::sync::Semaphore>), Unreachable<C>> {
+        self.peer(target, |peer| (peer.snapshots.clone(), peer.snapshot_turns.clone()))
     }
 
     /// `take` of `target`'s connections, or Unreachable if its address is
@@ -526,7 +539,14 @@ impl GroupRouter<C, GroupId> for Router {
         cancel: impl Future<Output = ReplicationClosed> + Send + 'static,
         _option: RPCOption,
     ) -> Result<SnapshotResponse<C>, StreamingError<C>> {
-        let mut client = self.snapshots(target)?;
+        let (mut client, turns) = self.snapshots(target)?;
+        let mut cancel = std::pin::pin!(cancel);
+        let waited = Instant::now();
+        let _turn = tokio::select! {
+            closed = &mut cancel => return Err(StreamingError::Closed(closed)),
+            turn = turns.acquire_owned() => turn.expect("the semaphore is never closed"),
+        };
+        let waited_ms = waited.elapsed().as_millis() as u64;
         let from_node = self.inner.node_id;
         let header = encode(&(vote, snapshot.meta.clone()));
         let file = snapshot.snapshot;
@@ -560,9 +580,11 @@ impl GroupRouter<C, GroupId> for Router {
             }
         });
         let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+        let started = Instant::now();
+        let last = snapshot.meta.last_log_id;
         let send = client.install_snapshot(stream);
         let result = tokio::select! {
-            closed = cancel => return Err(StreamingError::Closed(closed)),
+            closed = &mut cancel => return Err(StreamingError::Closed(closed)),
             r = send => r,
         };
         match reader.await {
@@ -573,6 +595,16 @@ impl GroupRouter<C, GroupId> for Router {
         if result.is_ok() {
             *self.inner.snapshot_bytes.write().expect("router lock").entry(group_id).or_default() += len;
         }
+        tracing::info!(
+            group = group_id,
+            target,
+            bytes = len,
+            ?last,
+            waited_ms,
+            ms = started.elapsed().as_millis() as u64,
+            error = result.as_ref().err().map(|e| e.to_string()),
+            "sent snapshot"
+        );
         match result {
             Ok(resp) => reply_to(resp.into_inner()).map_err(|e| match e {
                 RPCError::Unreachable(u) => StreamingError::Unreachable(u),
@@ -757,9 +789,10 @@ impl pb::raft_transport_server::RaftTransport for TransportService {
         &self,
         request: tonic::Request<tonic::Streaming<pb::SnapshotChunk>>,
     ) -> Result<tonic::Response<pb::RaftReply>, tonic::Status> {
-        use std::io::Write;
+        use tokio::io::AsyncWriteExt;
         let peer = request.extensions().get::<crate::peer_tls::PeerConn>().cloned();
         let mut stream = request.into_inner();
+        let started = Instant::now();
         let Some(first) = stream.message().await? else {
             return Err(tonic::Status::invalid_argument("empty snapshot stream"));
         };
@@ -779,41 +812,70 @@ impl pb::raft_transport_server::RaftTransport for TransportService {
                 "a snapshot from node {sender} must come on a connection with node {sender}'s certificate"
             )));
         }
-        std::fs::create_dir_all(&self.spool_dir).map_err(|e| tonic::Status::internal(e.to_string()))?;
+        // File work goes through tokio::fs (the blocking pool): this runs on
+        // the Raft runtime, whose threads carry every group's heartbeats,
+        // and a snapshot is megabytes and a sync.
+        let internal = |e: std::io::Error| tonic::Status::internal(e.to_string());
+        tokio::fs::create_dir_all(&self.spool_dir).await.map_err(internal)?;
         let path = self.spool_dir.join(format!("incoming-{}-{}.snap", first.group_id, crate::clock::system_now_ms()));
-        let mut file =
-            std::io::BufWriter::new(std::fs::File::create(&path).map_err(|e| tonic::Status::internal(e.to_string()))?);
+        let mut file = tokio::fs::File::create(&path).await.map_err(internal)?;
         let mut expected = 0u64;
+        let first_group = first.group_id;
         let mut chunk = Some(first);
         let mut done = false;
         while let Some(c) = chunk.take() {
             if c.offset != expected {
-                let _ = std::fs::remove_file(&path);
+                let _ = tokio::fs::remove_file(&path).await;
                 return Err(tonic::Status::invalid_argument(format!(
                     "snapshot chunk at {} but expected {expected}",
                     c.offset
                 )));
             }
-            file.write_all(&c.data).map_err(|e| tonic::Status::internal(e.to_string()))?;
+            file.write_all(&c.data).await.map_err(internal)?;
             expected += c.data.len() as u64;
             if c.done {
                 done = true;
                 break;
             }
-            chunk = stream.message().await?;
+            chunk = match stream.message().await {
+                Ok(c) => c,
+                Err(status) => {
+                    tracing::info!(
+                        group = first_group,
+                        from = sender,
+                        bytes = expected,
+                        ms = started.elapsed().as_millis() as u64,
+                        %status,
+                        "snapshot stream broke off"
+                    );
+                    let _ = tokio::fs::remove_file(&path).await;
+                    return Err(status);
+                }
+            };
         }
         if !done {
-            let _ = std::fs::remove_file(&path);
+            let _ = tokio::fs::remove_file(&path).await;
             return Err(tonic::Status::aborted("snapshot stream ended early"));
         }
-        let file = file.into_inner().map_err(|e| tonic::Status::internal(e.to_string()))?;
-        file.sync_all().map_err(|e| tonic::Status::internal(e.to_string()))?;
+        file.flush().await.map_err(internal)?;
+        file.sync_all().await.map_err(internal)?;
         drop(file);
+        let received_ms = started.elapsed().as_millis() as u64;
         let snapshot = SnapshotFile::open(&path).map_err(|e| tonic::Status::internal(e.to_string()))?;
+        let group = first_group;
         let result =
             raft.install_full_snapshot(vote, openraft::alias::SnapshotOf::<C, SnapshotFile> { meta, snapshot }).await;
+        tracing::info!(
+            group,
+            from = sender,
+            bytes = expected,
+            received_ms,
+            total_ms = started.elapsed().as_millis() as u64,
+            ok = result.is_ok(),
+            "snapshot stream handled"
+        );
         // The state machine keeps its own copy; the spool file can go.
-        let _ = std::fs::remove_file(&path);
+        let _ = tokio::fs::remove_file(&path).await;
         Ok(tonic::Response::new(self.reply(result)))
     }
 }
