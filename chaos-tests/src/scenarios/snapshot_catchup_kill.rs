@@ -18,8 +18,19 @@
 //! would measure that link instead of the catch-up); the killed node is
 //! restarted 5 s later.
 //!
-//! Bounds: nothing lost, and the digests must agree at the end (the
-//! follower converges). Fails as not injected if no snapshot is sent.
+//! Unthrottling raises the shaper's rate rather than deleting it: the
+//! shaper holds up to a second of packets, and deleting it drops them all
+//! at once, a second fault on every connection into the follower (TCP,
+//! its round-trip estimate inflated by that second of queue, then waits
+//! out a retransmission timeout of about a second before resending; the
+//! row measured that, fault-window p99 1.5–1.6 s, rather than the
+//! catch-up). The shaper is removed when the killed node restarts.
+//!
+//! Bounds: nothing lost, the digests agree at the end (the follower
+//! converges), and issue 10's "under a second late wherever a node is up"
+//! (a majority is connected throughout): fault-window p99 under 1 s in
+//! every phase and over the whole window, max under 2 s. Fails as not
+//! injected if no snapshot is sent.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -30,12 +41,14 @@ use anyhow::bail;
 use futures::future::BoxFuture;
 use tocsin_client::v1 as pb;
 
+use crate::check::Report;
+use crate::check::lateness_by_phase;
 use crate::cluster;
 use crate::driver;
 use crate::driver::Recorder;
 use crate::driver::now_ms;
 use crate::scenario::Bounds;
-use crate::scenario::NO_BOUNDS;
+use crate::scenario::FAILOVER_BOUNDS;
 use crate::scenario::Run;
 use crate::scenario::Scenario;
 use crate::scenario::Setup;
@@ -49,6 +62,11 @@ const KEEP_AFTER: u64 = 100;
 const BEHIND: u64 = 700;
 const BALLAST: u64 = 3_000;
 const META_GROUP: u64 = 1 << 32;
+/// The shaper's rate once the snapshot is caught mid-stream: far above
+/// anything the nodes send, so its queue drains at once.
+const UNTHROTTLED: &str = "10gbit";
+/// Issue 10: under a second late wherever a node is up, in every phase.
+const PHASE_P99_MS: u64 = 1_000;
 
 /// Groups with a snapshot streaming into `spool` now (from the file names).
 fn incoming(spool: &Path) -> Vec<(u64, String, u64)> {
@@ -70,7 +88,7 @@ impl Scenario for SnapshotCatchupKill {
         "a follower partitioned past the purge point catches up by snapshot; kill -9 the leader sending one mid-stream"
     }
     fn bounds(&self) -> Bounds {
-        NO_BOUNDS
+        FAILOVER_BOUNDS
     }
     fn setup_options(&self, _args: &crate::Args) -> Setup {
         let mut setup = Setup::default();
@@ -155,7 +173,8 @@ impl Scenario for SnapshotCatchupKill {
                         healed.elapsed().as_millis()
                     );
                     run.cluster.node(leader).kill9();
-                    run.net.shape_incoming(&host, None)?;
+                    // Drain, not drop, what the shaper holds (module note).
+                    run.net.shape_incoming(&host, Some(UNTHROTTLED))?;
                     run.phases.push((now_ms(), format!("node {leader} killed, node {victim} unthrottled")));
                     killed = Some(leader);
                     break;
@@ -173,11 +192,26 @@ impl Scenario for SnapshotCatchupKill {
                 streams.extend(incoming(&spool).into_iter().map(|(_, name, _)| name));
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
+            run.net.shape_incoming(&host, None)?;
             println!("    restart node {killed}");
             run.cluster.restart(killed)?;
             run.phases.push((now_ms(), format!("node {killed} restarted")));
             println!("    snapshot streams seen arriving at node {victim} so far: {}", streams.len());
             Ok(())
+        })
+    }
+    fn judge<'a>(&'a self, run: &'a mut Run, report: &'a Report) -> BoxFuture<'a, anyhow::Result<Vec<String>>> {
+        Box::pin(async move {
+            // The whole window's p99 could hide one phase (the kill's is a
+            // fifth of the timers): each phase is held to the bound too.
+            let failures = lateness_by_phase(&report.fault_window_samples, &run.phases)
+                .into_iter()
+                .filter(|(_, p)| p.p99_ms > PHASE_P99_MS)
+                .map(|(label, p)| {
+                    format!("I5: fault-window lateness p99 {} ms over {PHASE_P99_MS} ms while {label}", p.p99_ms)
+                })
+                .collect();
+            Ok(failures)
         })
     }
 }
