@@ -123,17 +123,39 @@ pub fn next_lag_average_us(average_us: u64, sample_us: u64) -> u64 {
     (average_us * 3 + sample_us) / 4
 }
 
+/// A probe sample later than this is not quiet (tokio's timers round a
+/// sleep up to their millisecond ticks, so an idle runtime's samples are
+/// 0–2 ms late).
+const QUIET_LAG_US: u64 = 5_000;
+/// Quiet samples in a row after which the probe slows down.
+const QUIET_SAMPLES: u32 = 10;
+/// How often a probe of a quiet runtime wakes.
+const QUIET_PROBE_EVERY: Duration = Duration::from_millis(250);
+
+/// How long the probe sleeps next: `every` while the runtime is busy,
+/// [`QUIET_PROBE_EVERY`] once its last [`QUIET_SAMPLES`] samples were all
+/// under [`QUIET_LAG_US`]. On an idle node the probes were most of its
+/// wake-ups (two at 50 a second); a runtime that turns busy shows lag in
+/// its next sample, a quarter of a second at most, and the probe is back
+/// at `every` from then on.
+pub fn next_probe_every(every: Duration, quiet_samples: u32) -> Duration {
+    if quiet_samples >= QUIET_SAMPLES { every.max(QUIET_PROBE_EVERY) } else { every }
+}
+
 /// Measures the scheduling lag of the runtime it is spawned on: how late a
-/// task that sleeps `every` wakes, as a moving average in
-/// `lag_us` and the gauge `gauge` (seconds). Returns once `lag_us` has no
-/// other owner.
+/// task that sleeps `every` (slower while the runtime is quiet, see
+/// [`next_probe_every`]) wakes, as a moving average in `lag_us` and the
+/// gauge `gauge` (seconds). Returns once `lag_us` has no other owner.
 pub async fn probe_lag(lag_us: Arc<AtomicU64>, gauge: &'static str, every: Duration) {
     let mut average_us = 0;
+    let mut quiet_samples = 0u32;
     while Arc::strong_count(&lag_us) > 1 {
+        let period = next_probe_every(every, quiet_samples);
         let slept = Instant::now();
-        tokio::time::sleep(every).await;
-        let late = slept.elapsed().saturating_sub(every);
-        average_us = next_lag_average_us(average_us, late.as_micros() as u64);
+        tokio::time::sleep(period).await;
+        let late_us = slept.elapsed().saturating_sub(period).as_micros() as u64;
+        quiet_samples = if late_us < QUIET_LAG_US { quiet_samples.saturating_add(1) } else { 0 };
+        average_us = next_lag_average_us(average_us, late_us);
         lag_us.store(average_us, Ordering::Relaxed);
         metrics::gauge!(gauge).set(average_us as f64 / 1e6);
     }
@@ -142,6 +164,16 @@ pub async fn probe_lag(lag_us: Arc<AtomicU64>, gauge: &'static str, every: Durat
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_quiet_runtime_is_probed_less_often_until_a_sample_is_late() {
+        let every = Duration::from_millis(20);
+        assert_eq!(next_probe_every(every, 0), every);
+        assert_eq!(next_probe_every(every, QUIET_SAMPLES - 1), every);
+        assert_eq!(next_probe_every(every, QUIET_SAMPLES), QUIET_PROBE_EVERY);
+        // A probe already slower than the quiet period keeps its own.
+        assert_eq!(next_probe_every(Duration::from_secs(1), QUIET_SAMPLES), Duration::from_secs(1));
+    }
 
     #[test]
     fn the_lag_average_weighs_a_new_sample_a_quarter() {
