@@ -5,7 +5,8 @@
 //!   not cancelled (no cancel tried, or the cancel answered ALREADY_FIRED)
 //!   has an accepted delivery.
 //! - **I2 cancelled then delivered**: a timer whose cancel answered
-//!   CANCELLED is delivered only if the delivery's attempt started before
+//!   CANCELLED (or CANCELLED_WHILE_FIRING: it had fired, and its delivery
+//!   was retrying) is delivered only if the delivery's attempt started before
 //!   the cancel was applied (`attempt_index < cancel applied_index`): that is
 //!   "in flight", shown by the log indexes. Any other such delivery is a
 //!   violation.
@@ -257,8 +258,7 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
     for op in ops.iter().filter(|o| o.op == "cancel") {
         cancel.insert(&op.id, op);
     }
-    report.cancels_cancelled =
-        cancel.values().filter(|c| c.outcome == "cancelled" || c.outcome == "already_cancelled").count();
+    report.cancels_cancelled = cancel.values().filter(|c| cancel_took_effect(&c.outcome)).count();
     report.cancels_unknown = cancel.values().filter(|c| c.outcome == "unknown").count();
 
     // Deliveries, in receive order (each file's order); the earliest accepted
@@ -325,7 +325,7 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
                     report.fault_window_samples.push((*due_ms, late));
                 }
                 if let Some(c) = cancel.get(id)
-                    && (c.outcome == "cancelled" || c.outcome == "already_cancelled")
+                    && cancel_took_effect(&c.outcome)
                 {
                     let in_flight = deliveries
                         .iter()
@@ -422,6 +422,12 @@ fn epoch_order_violations(deliveries: &[Delivery]) -> usize {
         }
     }
     violations
+}
+
+/// A cancel that answered that the timer is cancelled: before it fired,
+/// while its delivery went on, or by an earlier cancel.
+fn cancel_took_effect(outcome: &str) -> bool {
+    matches!(outcome, "cancelled" | "cancelled_while_firing" | "already_cancelled")
 }
 
 #[cfg(test)]

@@ -38,7 +38,7 @@ pub struct Op {
     pub invoke_ms: u64,
     pub complete_ms: u64,
     /// create: `ok` or `unknown`; cancel: `cancelled`, `already_cancelled`,
-    /// `already_fired`, `not_found` or `unknown`.
+    /// `cancelled_while_firing`, `already_fired`, `not_found` or `unknown`.
     pub outcome: String,
     /// For a cancel: the log index it was applied at.
     #[serde(default)]
@@ -149,6 +149,7 @@ async fn cancel(client: &Client, rec: &Recorder, namespace: &str, id: String) {
         Ok(r) => (
             match Outcome::try_from(r.outcome) {
                 Ok(Outcome::Cancelled) => "cancelled",
+                Ok(Outcome::CancelledWhileFiring) => "cancelled_while_firing",
                 Ok(Outcome::AlreadyCancelled) => "already_cancelled",
                 Ok(Outcome::AlreadyFired) => "already_fired",
                 Ok(Outcome::NotFound) => "not_found",

@@ -19,7 +19,8 @@ pub struct Conn {
 
 #[derive(clap::Subcommand)]
 pub enum TimerCommand {
-    /// Create a timer (idempotent: the same id and spec returns the existing one).
+    /// Create a timer (idempotent: the same id and spec returns the live timer). An id holding a
+    /// finished timer (delivered, dead, cancelled) is refused unless --replace-finished.
     Create {
         #[command(flatten)]
         conn: Conn,
@@ -45,6 +46,10 @@ pub enum TimerCommand {
         labels: Vec<String>,
         #[arg(long, default_value_t = 0)]
         max_attempts: u32,
+        /// If the id holds a finished timer (DELIVERED, DEAD or CANCELLED), start a new one under
+        /// it (its generation the old one's plus one). Without it such a create is refused.
+        #[arg(long)]
+        replace_finished: bool,
     },
     Get {
         #[command(flatten)]
@@ -65,7 +70,9 @@ pub enum TimerCommand {
         #[arg(long, default_value = "")]
         page_token: String,
     },
-    /// Cancel a timer; says whether it was cancelled, already cancelled, already fired, or unknown.
+    /// Cancel a timer; says whether it was cancelled (before firing, or while its delivery was
+    /// retrying, and then whether an attempt may still arrive), already cancelled, already fired,
+    /// or unknown.
     Cancel {
         #[command(flatten)]
         conn: Conn,
@@ -126,7 +133,19 @@ fn parse_labels(labels: &[String]) -> anyhow::Result<std::collections::HashMap<S
 
 pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        TimerCommand::Create { conn, namespace, id, delay_ms, at, webhook, topic, payload, labels, max_attempts } => {
+        TimerCommand::Create {
+            conn,
+            namespace,
+            id,
+            delay_ms,
+            at,
+            webhook,
+            topic,
+            payload,
+            labels,
+            max_attempts,
+            replace_finished,
+        } => {
             let client = crate::connect(conn.addrs.clone()).await?;
             let fire_time = match (delay_ms, at) {
                 (Some(d), _) => pb::create_timer_request::FireTime::DelayMs(d),
@@ -146,6 +165,7 @@ pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
                 labels: parse_labels(&labels)?,
                 callback: Some(pb::Callback { target: Some(target) }),
                 retry: Some(pb::RetryPolicy { max_attempts, ..Default::default() }),
+                replace_finished,
             };
             let resp = client.create_timer(req).await?;
             if let Some(t) = &resp.timer {
@@ -197,12 +217,26 @@ pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
                     .fire
                     .as_ref()
                     .map(|f| serde_json::json!({ "fire_id": f.fire_id, "epoch": f.epoch, "attempt": f.attempt }));
-                println!("{}", serde_json::json!({ "outcome": outcome, "fire": fire }));
+                let mut body = serde_json::json!({ "outcome": outcome, "fire": fire });
+                if outcome == "CANCELLED_WHILE_FIRING" {
+                    body["attempt_in_flight"] = resp.attempt_in_flight.into();
+                }
+                println!("{body}");
             } else {
                 match &resp.fire {
-                    Some(f) => println!("{outcome}  fire_id={} epoch={} attempt={}", f.fire_id, f.epoch, f.attempt),
-                    None => println!("{outcome}"),
+                    Some(f) => print!("{outcome}  fire_id={} epoch={} attempt={}", f.fire_id, f.epoch, f.attempt),
+                    None => print!("{outcome}"),
                 }
+                if outcome == "CANCELLED_WHILE_FIRING" {
+                    if resp.attempt_in_flight {
+                        print!("  (no further attempt; attempt {} was under way and may still arrive)", {
+                            resp.fire.as_ref().map_or(0, |f| f.attempt)
+                        });
+                    } else {
+                        print!("  (no further attempt; none was under way)");
+                    }
+                }
+                println!();
             }
             if outcome == "NOT_FOUND" {
                 return Ok(ExitCode::from(4));

@@ -15,13 +15,41 @@ use crate::conn::Conn;
 
 impl Client {
     /// Creates one timer (idempotent by `(namespace, id)`).
+    ///
+    /// An id that holds a finished timer with the same spec is refused
+    /// (FAILED_PRECONDITION, reason `TIMER_FINISHED`) unless
+    /// `replace_finished`, except on a retry: an attempt whose outcome was
+    /// unknown may have created the timer, which may have fired since, so
+    /// a retry that finds it finished answers `created: false` with it.
     pub async fn create_timer(&self, req: pb::CreateTimerRequest) -> Result<pb::CreateTimerResponse, ClientError> {
         let shard = self.shard_of(&req.namespace, &req.id);
-        self.call(Some(shard), |mut c| {
-            let req = self.routed(req.clone());
-            async move { c.create_timer(req).await }
-        })
-        .await
+        let attempts = std::sync::atomic::AtomicU32::new(0);
+        let result = self
+            .call(Some(shard), |mut c| {
+                attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                let req = self.routed(req.clone());
+                async move { c.create_timer(req).await }
+            })
+            .await;
+        let retried = attempts.load(std::sync::atomic::Ordering::Relaxed) > 1;
+        self.finished_on_retry(&req, result, retried).await
+    }
+
+    /// See [`Client::create_timer`]: a retried create that found its id
+    /// finished is the earlier attempt's timer, answered `created: false`.
+    async fn finished_on_retry(
+        &self,
+        req: &pb::CreateTimerRequest,
+        result: Result<pb::CreateTimerResponse, ClientError>,
+        retried: bool,
+    ) -> Result<pb::CreateTimerResponse, ClientError> {
+        match result {
+            Err(e) if retried && e.is_timer_finished() => {
+                let timer = self.get_timer(&req.namespace, &req.id).await?;
+                Ok(pb::CreateTimerResponse { timer: Some(timer), created: false })
+            }
+            other => other,
+        }
     }
 
     /// Creates many timers: split per shard, sent to each leader
@@ -58,7 +86,7 @@ impl Client {
             let again: Vec<pb::CreateTimerRequest> = retry.iter().map(|i| reqs[*i].clone()).collect();
             let (results, item_refused) = self.create_batches(&again).await;
             for ((i, r), item) in retry.into_iter().zip(results).zip(item_refused) {
-                out[i] = r;
+                out[i] = self.finished_on_retry(&reqs[i], r, true).await;
                 refused[i] = item;
             }
             round += 1;

@@ -66,6 +66,13 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// A create refused because its id holds a finished timer with the
+    /// same spec (see `CreateTimerRequest.replace_finished`).
+    pub fn is_timer_finished(&self) -> bool {
+        matches!(self, ClientError::Status { code: tonic::Code::FailedPrecondition, info, .. }
+            if info.reason == tocsin_contract::codes::TIMER_FINISHED)
+    }
+
     pub fn code(&self) -> tonic::Code {
         match self {
             ClientError::Status { code, .. } => *code,

@@ -62,6 +62,10 @@ pub fn code_name(code: tonic::Code) -> &'static str {
     }
 }
 
+/// `ErrorInfo.reason` of a create refused because its id holds a finished
+/// timer with the same spec (FAILED_PRECONDITION).
+pub const TIMER_FINISHED: &str = "TIMER_FINISHED";
+
 /// The HTTP status for a gRPC code.
 pub fn http_status(code: tonic::Code) -> http::StatusCode {
     use http::StatusCode as S;

@@ -199,6 +199,9 @@ pub struct CreateTimerJson {
     pub labels: BTreeMap<String, String>,
     pub callback: Option<CallbackJson>,
     pub retry: Option<RetryJson>,
+    /// Replace a finished timer under the id (see the proto).
+    #[serde(default)]
+    pub replace_finished: bool,
 }
 
 impl CreateTimerJson {
@@ -215,6 +218,7 @@ impl CreateTimerJson {
             labels: self.labels.into_iter().collect(),
             callback: self.callback.map(CallbackJson::into_proto),
             retry: self.retry.map(RetryJson::into_proto),
+            replace_finished: self.replace_finished,
         }
     }
 }
@@ -392,7 +396,7 @@ pub struct CreateTimersJson {
 }
 
 /// An error as the HTTP API reports it.
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize)]
 pub struct ErrorJson {
     pub code: String,
     pub message: String,
@@ -404,6 +408,9 @@ pub struct ErrorJson {
     pub map_epoch: u64,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub retry_after_ms: u64,
+    /// A finer reason within the code (`TIMER_FINISHED`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub reason: String,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -428,6 +435,7 @@ impl ErrorJson {
             }),
             map_epoch: info.map_epoch,
             retry_after_ms: info.retry_after_ms,
+            reason: info.reason.clone(),
         }
     }
 }

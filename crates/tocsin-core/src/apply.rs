@@ -137,36 +137,42 @@ pub fn apply_command<T: TimerTable>(
 ) -> Result<CommandResult, T::Error> {
     let mut rules = Rules { table, meta, ctx };
     match cmd {
-        Command::Create { key, spec, fire_at_ms, retry, retention_ms } => {
+        Command::Create { key, spec, fire_at_ms, retry, retention_ms, replace_finished } => {
             if spec.payload.len() > limits::HARD_MAX_PAYLOAD_BYTES || spec.labels.len() > limits::MAX_LABELS {
                 return Ok(CommandResult::Skipped { reason: SkipReason::OverLimit });
             }
             let digest = spec.digest();
-            match rules.get(key)? {
-                Some(existing) if existing.spec_digest == digest => {
-                    Ok(CommandResult::Created { record: existing, created: false })
+            let existing = rules.get(key)?;
+            // A finished timer under the id is replaced only when asked: a
+            // create that merely finds it answers so, and a client that
+            // cancelled and subscribes again learns it must ask.
+            let (previous, generation) = match existing {
+                Some(old) if old.state.is_terminal() && *replace_finished => {
+                    let generation = old.generation + 1;
+                    (Some(old), generation)
                 }
-                Some(existing) => Ok(CommandResult::AlreadyExists { record: existing }),
-                None => {
-                    let record = TimerRecord {
-                        state: TimerState::Scheduled,
-                        fire_at_ms: *fire_at_ms,
-                        payload: spec.payload.clone(),
-                        labels: spec.labels.clone(),
-                        callback: spec.callback.clone(),
-                        retry: *retry,
-                        spec_digest: digest,
-                        generation: 1,
-                        created_at_ms: ctx.now_ms,
-                        created_index: ctx.index,
-                        fire: None,
-                        finished_at_ms: 0,
-                        retention_ms: *retention_ms,
-                    };
-                    rules.put(key, None, record.clone())?;
-                    Ok(CommandResult::Created { record, created: true })
-                }
-            }
+                Some(old) if old.spec_digest != digest => return Ok(CommandResult::AlreadyExists { record: old }),
+                Some(old) if old.state.is_terminal() => return Ok(CommandResult::Finished { record: old }),
+                Some(old) => return Ok(CommandResult::Created { record: old, created: false }),
+                None => (None, 1),
+            };
+            let record = TimerRecord {
+                state: TimerState::Scheduled,
+                fire_at_ms: *fire_at_ms,
+                payload: spec.payload.clone(),
+                labels: spec.labels.clone(),
+                callback: spec.callback.clone(),
+                retry: *retry,
+                spec_digest: digest,
+                generation,
+                created_at_ms: ctx.now_ms,
+                created_index: ctx.index,
+                fire: None,
+                finished_at_ms: 0,
+                retention_ms: *retention_ms,
+            };
+            rules.put(key, previous.as_ref(), record.clone())?;
+            Ok(CommandResult::Created { record, created: true })
         }
         Command::Cancel { key } => rules.cancel(key),
         Command::Reschedule { key, expected_generation, fire_at_ms } => {
@@ -265,7 +271,8 @@ impl<T: TimerTable> Rules<'_, T> {
             TimerState::Scheduled => record.fire.is_none(),
             TimerState::Firing => record.fire.is_some(),
             TimerState::Delivered | TimerState::Dead => record.fire.is_some(),
-            TimerState::Cancelled => record.fire.is_none(),
+            // Cancelled before it fired, or while its delivery went on.
+            TimerState::Cancelled => true,
         };
         if !fire_ok {
             return Err(self.broken(format!("{key}: state {:?} with fire facts {:?}", record.state, record.fire)));
@@ -320,8 +327,20 @@ impl<T: TimerTable> Rules<'_, T> {
                 self.put(key, Some(&record), new.clone())?;
                 Ok(CommandResult::Cancelled { record: new })
             }
+            // Fired, and still being delivered: no further attempt starts
+            // (the record leaves the fire-time index). An attempt already
+            // under way may still arrive; the answer says so.
+            TimerState::Firing => {
+                let fire = record.fire.as_ref().expect("checked: firing timers have fire facts");
+                let attempt_in_flight = matches!(fire.phase, FirePhase::InFlight { .. });
+                let mut new = record.clone();
+                new.state = TimerState::Cancelled;
+                new.finished_at_ms = self.ctx.now_ms.max(1);
+                self.put(key, Some(&record), new.clone())?;
+                Ok(CommandResult::CancelledWhileFiring { record: new, attempt_in_flight })
+            }
             TimerState::Cancelled => Ok(CommandResult::AlreadyCancelled { record }),
-            TimerState::Firing | TimerState::Delivered | TimerState::Dead => Ok(CommandResult::AlreadyFired { record }),
+            TimerState::Delivered | TimerState::Dead => Ok(CommandResult::AlreadyFired { record }),
         }
     }
 

@@ -34,7 +34,9 @@ impl std::fmt::Display for Proposal {
 /// One change to a shard's timers.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Command {
-    /// Create a timer, or find an identical one.
+    /// Create a timer, or find an identical one. A finished timer
+    /// (delivered, dead or cancelled) under the id is not "found": the
+    /// answer is [`CommandResult::Finished`], unless `replace_finished`.
     Create {
         key: TimerKey,
         spec: TimerSpec,
@@ -43,6 +45,9 @@ pub enum Command {
         /// The effective policy (defaults filled in by the leader).
         retry: RetryPolicy,
         retention_ms: u64,
+        /// If the id holds a finished timer, replace it: a new timer under
+        /// the same id, its generation the old one's plus one.
+        replace_finished: bool,
     },
     Cancel {
         key: TimerKey,
@@ -153,8 +158,22 @@ pub enum CommandResult {
     AlreadyExists {
         record: TimerRecord,
     },
+    /// The id holds a finished timer (delivered, dead or cancelled) with
+    /// the same spec: nothing was created, and nothing will fire. A create
+    /// with `replace_finished` starts a new timer under the id.
+    Finished {
+        record: TimerRecord,
+    },
     Cancelled {
         record: TimerRecord,
+    },
+    /// The timer had fired and was still being delivered (retrying, or
+    /// held by a pull consumer): it is now cancelled and no further
+    /// attempt starts. `attempt_in_flight`: an attempt had started and
+    /// has no recorded outcome, so it may still reach the receiver.
+    CancelledWhileFiring {
+        record: TimerRecord,
+        attempt_in_flight: bool,
     },
     AlreadyCancelled {
         record: TimerRecord,

@@ -21,6 +21,10 @@ pub enum NodeError {
     AlreadyExists(String),
     #[error("{0}")]
     FailedPrecondition(String),
+    /// A create found a finished timer with the same spec under its id
+    /// (FAILED_PRECONDITION, reason `TIMER_FINISHED`).
+    #[error("{0}")]
+    TimerFinished(String),
     #[error("{message}")]
     ResourceExhausted { message: String, retry_after_ms: u64 },
     /// No usable leader here; `leader` says where to go if known.
@@ -62,7 +66,7 @@ impl NodeError {
             NodeError::InvalidArgument { .. } => tonic::Code::InvalidArgument,
             NodeError::NotFound(_) => tonic::Code::NotFound,
             NodeError::AlreadyExists(_) => tonic::Code::AlreadyExists,
-            NodeError::FailedPrecondition(_) => tonic::Code::FailedPrecondition,
+            NodeError::FailedPrecondition(_) | NodeError::TimerFinished(_) => tonic::Code::FailedPrecondition,
             NodeError::ResourceExhausted { .. } => tonic::Code::ResourceExhausted,
             NodeError::Unavailable { .. } => tonic::Code::Unavailable,
             NodeError::StaleMap { .. } => tonic::Code::Aborted,
@@ -89,6 +93,7 @@ impl NodeError {
                 info.retry_after_ms = *retry_after_ms;
             }
             NodeError::StaleMap { map_epoch, .. } => info.map_epoch = *map_epoch,
+            NodeError::TimerFinished(_) => info.reason = tocsin_contract::codes::TIMER_FINISHED.into(),
             _ => {}
         }
         info
@@ -118,6 +123,9 @@ impl NodeError {
             },
             tonic::Code::NotFound => NodeError::NotFound(message),
             tonic::Code::AlreadyExists => NodeError::AlreadyExists(message),
+            tonic::Code::FailedPrecondition if info.reason == tocsin_contract::codes::TIMER_FINISHED => {
+                NodeError::TimerFinished(message)
+            }
             tonic::Code::FailedPrecondition => NodeError::FailedPrecondition(message),
             tonic::Code::ResourceExhausted => {
                 NodeError::ResourceExhausted { message, retry_after_ms: info.retry_after_ms }

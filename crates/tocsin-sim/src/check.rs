@@ -66,8 +66,14 @@ pub fn check(out: &RunOutput) -> Report {
                 fire_times.entry(rec.op.key.clone()).or_default().insert(BASE_MS + fire_at_ms);
             }
             OpKind::Cancel => match &rec.outcome {
+                // Cancelled before it fired or while its delivery went on:
+                // anything delivered after must have started before `index`.
                 OpOutcome::Applied { index, result }
-                    if !rec.any_unknown && matches!(**result, CommandResult::Cancelled { .. }) =>
+                    if !rec.any_unknown
+                        && matches!(
+                            **result,
+                            CommandResult::Cancelled { .. } | CommandResult::CancelledWhileFiring { .. }
+                        ) =>
                 {
                     cancel_excludes.insert(rec.op.key.clone());
                     cancels_ok.insert(rec.op.key.clone(), (*index, rec.ack_ms));

@@ -244,7 +244,14 @@ fn command_for(op: &Op, generations: &BTreeMap<TimerKey, u64>) -> Option<Command
                 callback,
                 retry,
             };
-            Command::Create { key: op.key.clone(), spec, fire_at_ms, retry, retention_ms: 3_600_000 }
+            Command::Create {
+                key: op.key.clone(),
+                spec,
+                fire_at_ms,
+                retry,
+                retention_ms: 3_600_000,
+                replace_finished: false,
+            }
         }
         OpKind::Cancel => Command::Cancel { key: op.key.clone() },
         OpKind::Reschedule { fire_at_ms } => Command::Reschedule {

@@ -51,6 +51,7 @@ fn entry(index: u64) -> Entry {
                     give_up_after_ms: 0,
                 },
                 retention_ms: 604_800_000,
+                replace_finished: false,
             }],
         }),
     }

@@ -42,8 +42,10 @@ use crate::keys;
 /// node's address in memberships and the cluster map carries its peer
 /// port apart from its client port. 4: the cluster map carries a cluster
 /// id, quotas and signing secrets, and the horizon a per-namespace count of
-/// unfinished timers (`keys::PENDING_MINUTE`).
-pub const STORE_FORMAT: u32 = 4;
+/// unfinished timers (`keys::PENDING_MINUTE`). 5: a create command carries
+/// `replace_finished`, and a cancelled timer may carry fire facts
+/// (cancelled while its delivery went on).
+pub const STORE_FORMAT: u32 = 5;
 
 /// Most write requests queued for the writer before senders wait.
 const WRITE_QUEUE_DEPTH: usize = 1024;

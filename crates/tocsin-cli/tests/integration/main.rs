@@ -9,6 +9,7 @@ mod cluster_id;
 mod cluster_ops;
 mod egress;
 mod faults;
+mod lifecycle;
 mod peer_port;
 mod peer_tls;
 mod pull;

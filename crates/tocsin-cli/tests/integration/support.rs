@@ -246,18 +246,23 @@ pub struct Seen {
     pub attempt: u64,
 }
 
-/// An HTTP receiver that records every delivery by timer id.
+/// An HTTP receiver that records every delivery by timer id, and answers
+/// each with the status it is set to (200 unless [`Receiver::answer`]).
 pub struct Receiver {
     pub url: String,
     pub seen: Arc<Mutex<HashMap<String, Vec<Seen>>>>,
+    status: Arc<std::sync::atomic::AtomicU16>,
 }
 
 impl Receiver {
     pub async fn start() -> Receiver {
         let seen: Arc<Mutex<HashMap<String, Vec<Seen>>>> = Arc::default();
+        let status = Arc::new(std::sync::atomic::AtomicU16::new(200));
         let state = seen.clone();
+        let answer = status.clone();
         let app = axum::Router::new().fallback(axum::routing::post(move |body: axum::body::Bytes| {
             let state = state.clone();
+            let answer = answer.clone();
             async move {
                 let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
                 let s = Seen {
@@ -268,7 +273,8 @@ impl Receiver {
                     attempt: v["attempt"].as_u64().unwrap(),
                 };
                 state.lock().unwrap().entry(v["id"].as_str().unwrap().to_string()).or_default().push(s);
-                "ok"
+                let code = answer.load(std::sync::atomic::Ordering::Relaxed);
+                (axum::http::StatusCode::from_u16(code).unwrap(), "ok")
             }
         }));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -282,11 +288,21 @@ impl Receiver {
             )
             .await
         });
-        Receiver { url, seen }
+        Receiver { url, seen, status }
+    }
+
+    /// Answers every delivery from now on with `status`.
+    pub fn answer(&self, status: u16) {
+        self.status.store(status, std::sync::atomic::Ordering::Relaxed);
     }
 
     pub fn delivered(&self) -> HashMap<String, Vec<Seen>> {
         self.seen.lock().unwrap().clone()
+    }
+
+    /// The deliveries of timer `id` so far.
+    pub fn of(&self, id: &str) -> Vec<Seen> {
+        self.seen.lock().unwrap().get(id).cloned().unwrap_or_default()
     }
 }
 

@@ -18,7 +18,7 @@ use crate::apply_rules::webhook;
 
 #[derive(Clone, Debug)]
 enum Step {
-    Create { k: usize, offset_ms: u64, variant: u8, pull: bool },
+    Create { k: usize, offset_ms: u64, variant: u8, pull: bool, replace: bool },
     Cancel { k: usize },
     Reschedule { k: usize, stale: bool, offset_ms: u64 },
     Fire { k: usize, stale_due: bool, stale_epoch: bool },
@@ -34,7 +34,7 @@ const KEYS: usize = 4;
 fn step() -> impl Strategy<Value = Step> {
     let k = 0..KEYS;
     prop_oneof![
-        3 => (k.clone(), prop_oneof![0u64..8, 0u64..5_000], 0u8..2, any::<bool>()).prop_map(|(k, offset_ms, variant, pull)| Step::Create { k, offset_ms, variant, pull }),
+        3 => (k.clone(), prop_oneof![0u64..8, 0u64..5_000], 0u8..2, any::<bool>(), prop::bool::weighted(0.3)).prop_map(|(k, offset_ms, variant, pull, replace)| Step::Create { k, offset_ms, variant, pull, replace }),
         2 => k.clone().prop_map(|k| Step::Cancel { k }),
         1 => (k.clone(), any::<bool>(), 0u64..5_000).prop_map(|(k, stale, offset_ms)| Step::Reschedule { k, stale, offset_ms }),
         3 => (k.clone(), prop::bool::weighted(0.2), prop::bool::weighted(0.2)).prop_map(|(k, stale_due, stale_epoch)| Step::Fire { k, stale_due, stale_epoch }),
@@ -56,13 +56,17 @@ fn key(k: usize) -> TimerKey {
 fn command(shard: &Shard, now: u64, step: &Step) -> Option<Command> {
     let rec = |k| shard.table.timers.get(&key(k));
     Some(match *step {
-        Step::Create { k, offset_ms, variant, pull } => {
+        Step::Create { k, offset_ms, variant, pull, replace } => {
             let cb = if pull { Callback::Pull { topic: "t".into() } } else { webhook() };
             let mut s = spec(now + offset_ms, cb);
             let mut p = s.payload.to_vec();
             p.push(variant);
             s.payload = p.into();
-            create(&key(k), &s, 3)
+            let mut cmd = create(&key(k), &s, 3);
+            if let Command::Create { replace_finished, .. } = &mut cmd {
+                *replace_finished = replace;
+            }
+            cmd
         }
         Step::Cancel { k } => Command::Cancel { key: key(k) },
         Step::Reschedule { k, stale, offset_ms } => Command::Reschedule {
@@ -128,19 +132,57 @@ fn run(steps: &[Step]) -> (Vec<CommandResult>, Shard) {
             let expected = match before.as_ref().map(|r| r.state) {
                 None => "not_found",
                 Some(TimerState::Scheduled) => "cancelled",
+                Some(TimerState::Firing) => "cancelled_while_firing",
                 Some(TimerState::Cancelled) => "already_cancelled",
                 Some(_) => "already_fired",
             };
             let got = match &result {
                 CommandResult::NotFound => "not_found",
                 CommandResult::Cancelled { .. } => "cancelled",
+                CommandResult::CancelledWhileFiring { record, attempt_in_flight } => {
+                    let phase = before.as_ref().and_then(|r| r.fire.as_ref()).map(|f| f.phase);
+                    assert_eq!(
+                        *attempt_in_flight,
+                        matches!(phase, Some(tocsin_core::FirePhase::InFlight { .. })),
+                        "attempt_in_flight says whether an attempt had started without an outcome"
+                    );
+                    assert_eq!(record.due(), None, "a cancelled timer leaves the fire-time index");
+                    "cancelled_while_firing"
+                }
                 CommandResult::AlreadyCancelled { .. } => "already_cancelled",
                 CommandResult::AlreadyFired { .. } => "already_fired",
                 other => panic!("cancel answered {other:?}"),
             };
             assert_eq!(got, expected);
-            if let CommandResult::Cancelled { record } = &result {
+            if let CommandResult::Cancelled { record } | CommandResult::CancelledWhileFiring { record, .. } = &result {
                 cancelled.insert((cmd.key().unwrap().clone(), record.created_index));
+            }
+        }
+        // A create's answer is decided by what the id held: nothing or a
+        // finished timer it may replace (a new timer, generation raised),
+        // a live identical timer (found), or anything else (refused).
+        if let Command::Create { spec, replace_finished, .. } = &cmd {
+            match (&before, &result) {
+                (None, CommandResult::Created { record, created: true }) => assert_eq!(record.generation, 1),
+                (Some(b), CommandResult::Created { record, created: true }) => {
+                    assert!(b.state.is_terminal() && *replace_finished, "replaced a live timer or unasked");
+                    assert_eq!(record.generation, b.generation + 1);
+                    assert!(record.created_index > b.created_index);
+                }
+                (Some(b), CommandResult::Created { record, created: false }) => {
+                    assert!(!b.state.is_terminal(), "a finished timer was answered as found");
+                    assert_eq!((record, spec.digest()), (b, b.spec_digest));
+                }
+                (Some(b), CommandResult::Finished { record }) => {
+                    assert!(b.state.is_terminal() && !*replace_finished && b.spec_digest == spec.digest());
+                    assert_eq!(record, b);
+                }
+                (Some(b), CommandResult::AlreadyExists { .. }) => {
+                    assert_ne!(b.spec_digest, spec.digest());
+                    assert!(!(b.state.is_terminal() && *replace_finished));
+                }
+                (_, CommandResult::Skipped { .. }) => {}
+                (b, other) => panic!("create over {b:?} answered {other:?}"),
             }
         }
         if let CommandResult::Dispatch { record } = &result {
@@ -157,7 +199,8 @@ fn run(steps: &[Step]) -> (Vec<CommandResult>, Shard) {
             }
         }
         // State only moves forward along SCHEDULED -> FIRING -> DELIVERED | DEAD and
-        // SCHEDULED -> CANCELLED (a purge removes, a create may start a new incarnation).
+        // SCHEDULED | FIRING -> CANCELLED (a purge removes, a create may start a new
+        // incarnation).
         if let (Some(b), Some(a)) = (&before, shard.table.timers.get(cmd.key().unwrap_or(&key(0))))
             && cmd.key().is_some()
             && a.created_index == b.created_index

@@ -42,6 +42,7 @@ pub fn create(key: &TimerKey, spec: &TimerSpec, max_attempts: u32) -> Command {
         fire_at_ms,
         retry: RetryPolicy { max_attempts, initial_backoff_ms: 1000, max_backoff_ms: 60_000, give_up_after_ms: 0 },
         retention_ms: 3_600_000,
+        replace_finished: false,
     }
 }
 
@@ -109,7 +110,7 @@ fn create_is_idempotent_and_detects_conflicts() {
 }
 
 #[test]
-fn cancel_after_fire_is_already_fired() {
+fn cancel_while_firing_stops_the_retries_and_says_whether_an_attempt_is_under_way() {
     let mut shard = Shard::new();
     let key = TimerKey::new("orders", "a");
     shard.apply(T0, create(&key, &spec(T0 + 1000, webhook()), 3));
@@ -121,18 +122,117 @@ fn cancel_after_fire_is_already_fired() {
     assert_eq!(fire_facts.epoch, epoch);
     assert_eq!(fire_facts.attempt, 1);
 
-    // Phase: a cancel now is definite: already fired, with the fire's facts.
-    let CommandResult::AlreadyFired { record } = shard.apply(T0 + 1001, Command::Cancel { key: key.clone() }) else {
+    // Phase: a cancel while the first attempt is under way cancels, and says
+    // the attempt may still arrive.
+    let CommandResult::CancelledWhileFiring { record, attempt_in_flight } =
+        shard.apply(T0 + 1001, Command::Cancel { key: key.clone() })
+    else {
         panic!()
     };
+    assert!(attempt_in_flight);
     assert_eq!(record.fire.unwrap().fire_index, fire_facts.fire_index);
-    assert_eq!(shard.state(&key), Some(TimerState::Firing));
+    assert_eq!(shard.state(&key), Some(TimerState::Cancelled));
+    assert!(shard.table.due.is_empty(), "no deadline left: no further attempt");
+    assert_eq!((shard.meta.firing, shard.meta.finished), (0, 1));
 
-    // Phase: the same leader's wheel looking again does not start another attempt.
+    // Phase: the attempt's late outcome and the wheel's look at the old
+    // deadline change nothing.
+    let result = Command::AttemptResult {
+        key: key.clone(),
+        fire_index: fire_facts.fire_index,
+        attempt: 1,
+        outcome: AttemptOutcome::Failed { error: "503".into(), retry_at_ms: T0 + 2000 },
+    };
+    assert_eq!(shard.apply(T0 + 1002, result), CommandResult::Skipped { reason: SkipReason::WrongState });
     assert_eq!(
-        shard.apply(T0 + 1002, fire(&key, T0 + 1000, epoch)),
+        shard.apply(T0 + 31_000, fire(&key, T0 + 31_000, epoch)),
         CommandResult::Skipped { reason: SkipReason::Stale }
     );
+    assert!(matches!(
+        shard.apply(T0 + 31_001, Command::Cancel { key: key.clone() }),
+        CommandResult::AlreadyCancelled { .. }
+    ));
+
+    // Phase: a timer in backoff (no attempt under way) cancels with
+    // attempt_in_flight false; a delivered one is already fired.
+    let b = TimerKey::new("orders", "b");
+    shard.apply(T0 + 40_000, create(&b, &spec(T0 + 41_000, webhook()), 3));
+    let CommandResult::Dispatch { record } = shard.apply(T0 + 41_000, fire(&b, T0 + 41_000, epoch)) else { panic!() };
+    let fire_index = record.fire.unwrap().fire_index;
+    let failed = Command::AttemptResult {
+        key: b.clone(),
+        fire_index,
+        attempt: 1,
+        outcome: AttemptOutcome::Failed { error: "503".into(), retry_at_ms: T0 + 42_000 },
+    };
+    assert!(matches!(shard.apply(T0 + 41_001, failed), CommandResult::Recorded { .. }));
+    assert!(matches!(
+        shard.apply(T0 + 41_002, Command::Cancel { key: b.clone() }),
+        CommandResult::CancelledWhileFiring { attempt_in_flight: false, .. }
+    ));
+    let c = TimerKey::new("orders", "c");
+    shard.apply(T0 + 50_000, create(&c, &spec(T0 + 51_000, webhook()), 3));
+    let CommandResult::Dispatch { record } = shard.apply(T0 + 51_000, fire(&c, T0 + 51_000, epoch)) else { panic!() };
+    let delivered = Command::AttemptResult {
+        key: c.clone(),
+        fire_index: record.fire.unwrap().fire_index,
+        attempt: 1,
+        outcome: AttemptOutcome::Delivered,
+    };
+    shard.apply(T0 + 51_001, delivered);
+    assert!(matches!(shard.apply(T0 + 51_002, Command::Cancel { key: c.clone() }), CommandResult::AlreadyFired { .. }));
+}
+
+#[test]
+fn a_finished_id_is_refused_unless_replaced_and_a_replacement_is_a_new_generation() {
+    let mut shard = Shard::new();
+    let key = TimerKey::new("orders", "sub");
+    let s = spec(T0 + 1000, webhook());
+    let CommandResult::Created { record: first, created: true } = shard.apply(T0, create(&key, &s, 3)) else {
+        panic!()
+    };
+    assert!(matches!(shard.apply(T0 + 10, Command::Cancel { key: key.clone() }), CommandResult::Cancelled { .. }));
+
+    // Phase: the same spec again finds the cancelled timer and says so;
+    // nothing is scheduled.
+    let CommandResult::Finished { record } = shard.apply(T0 + 20, create(&key, &s, 3)) else { panic!() };
+    assert_eq!(record.state, TimerState::Cancelled);
+    assert!(shard.table.due.is_empty());
+    // Another spec is refused too.
+    assert!(matches!(
+        shard.apply(T0 + 20, create(&key, &spec(T0 + 5000, webhook()), 3)),
+        CommandResult::AlreadyExists { .. }
+    ));
+
+    // Phase: asked to, a create replaces it: a new timer, generation 2, a
+    // new incarnation, in the fire-time index.
+    let mut replace = create(&key, &s, 3);
+    if let Command::Create { replace_finished, .. } = &mut replace {
+        *replace_finished = true;
+    }
+    let CommandResult::Created { record: second, created: true } = shard.apply(T0 + 30, replace.clone()) else {
+        panic!()
+    };
+    assert_eq!((second.state, second.generation), (TimerState::Scheduled, 2));
+    assert!(second.created_index > first.created_index);
+    assert_eq!(second.fire, None);
+    assert_eq!(shard.table.due.len(), 1);
+    assert_eq!((shard.meta.scheduled, shard.meta.finished), (1, 0));
+
+    // Phase: replace never touches a live timer: the same spec is found,
+    // another is refused.
+    assert!(matches!(shard.apply(T0 + 40, replace), CommandResult::Created { created: false, .. }));
+    let mut other = create(&key, &spec(T0 + 9000, webhook()), 3);
+    if let Command::Create { replace_finished, .. } = &mut other {
+        *replace_finished = true;
+    }
+    assert!(matches!(shard.apply(T0 + 40, other), CommandResult::AlreadyExists { .. }));
+
+    // Phase: it fires with a fire id of its own.
+    let epoch = shard.elect(T0 + 50, 1);
+    let CommandResult::Dispatch { record } = shard.apply(T0 + 1000, fire(&key, T0 + 1000, epoch)) else { panic!() };
+    assert_eq!(record.generation, 2);
+    assert!(record.fire.unwrap().fire_index > first.created_index * 4096);
 }
 
 #[test]

@@ -137,9 +137,7 @@ fn error_with_status(status: StatusCode, code: tonic::Code, message: &str, field
         code: codes::code_name(code).into(),
         message: message.into(),
         field: field.into(),
-        leader: None,
-        map_epoch: 0,
-        retry_after_ms: 0,
+        ..ErrorJson::default()
     };
     (status, Json(json!({ "error": body }))).into_response()
 }
@@ -258,14 +256,14 @@ async fn cancel(State(s): State<HttpState>, Path((namespace, id)): Path<(String,
                 body["fire_id"] = json!(fire.fire_id);
                 body["attempt"] = json!(fire.attempt);
             }
+            if resp.outcome == pb::cancel_timer_response::Outcome::CancelledWhileFiring as i32 {
+                body["attempt_in_flight"] = json!(resp.attempt_in_flight);
+            }
             if resp.outcome == pb::cancel_timer_response::Outcome::NotFound as i32 {
                 body["error"] = json!(ErrorJson {
                     code: codes::code_name(tonic::Code::NotFound).into(),
                     message: format!("no timer {key}"),
-                    field: String::new(),
-                    leader: None,
-                    map_epoch: 0,
-                    retry_after_ms: 0,
+                    ..ErrorJson::default()
                 });
                 return (codes::http_status(tonic::Code::NotFound), Json(body)).into_response();
             }

@@ -32,6 +32,8 @@ pub struct Keyed {
 pub struct ValidCreate {
     pub target: Keyed,
     pub spec: TimerSpec,
+    /// Replace a finished timer under the id (`replace_finished`).
+    pub replace_finished: bool,
 }
 
 /// A checked reschedule.
@@ -101,7 +103,7 @@ pub fn create(
         egress.check_url(url).map_err(|e| NodeError::invalid("callback.webhook.url", e.to_string()))?;
     }
     validate::check_retry(&spec.retry, limits)?;
-    Ok(ValidCreate { target, spec })
+    Ok(ValidCreate { target, spec, replace_finished: req.replace_finished })
 }
 
 /// Checks a reschedule request.

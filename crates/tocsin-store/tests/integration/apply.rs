@@ -44,6 +44,7 @@ fn create(k: u32, at: u64, pull: bool) -> Command {
         fire_at_ms: at,
         retry: RetryPolicy { max_attempts: 2, initial_backoff_ms: 10, max_backoff_ms: 100, give_up_after_ms: 0 },
         retention_ms: 60_000,
+        replace_finished: false,
     }
 }
 

@@ -175,6 +175,7 @@ fn apply_child_entry(index: u64) -> Entry {
         fire_at_ms: now_ms + 60_000,
         retry: RetryPolicy::default(),
         retention_ms: 60_000,
+        replace_finished: false,
     }];
     if index == 1 {
         commands.insert(0, Command::LeaderEpoch { leader: 1 });

@@ -39,6 +39,7 @@ impl TimerApi {
             fire_at_ms,
             retry,
             retention_ms: limits.retention_ms,
+            replace_finished: valid.replace_finished,
         })
     }
 
@@ -53,9 +54,23 @@ impl TimerApi {
                 timer: Some(json::timer_proto(ctx.cluster_id().unwrap_or_default(), ctx.shard, key, &record)),
                 created,
             }),
+            CommandResult::AlreadyExists { record } if record.state.is_terminal() => {
+                Err(NodeError::AlreadyExists(format!(
+                    "timer {key} already exists with a different spec and is {} (finished); create with \
+                     replace_finished to start a new timer under this id",
+                    record.state.name()
+                )))
+            }
             CommandResult::AlreadyExists { .. } => {
                 Err(NodeError::AlreadyExists(format!("timer {key} already exists with a different spec")))
             }
+            CommandResult::Finished { record } => Err(NodeError::TimerFinished(format!(
+                "timer {key} is {} (finished at {} ms, generation {}): nothing was created and nothing will \
+                 fire; create with replace_finished to start a new timer under this id",
+                record.state.name(),
+                record.finished_at_ms,
+                record.generation
+            ))),
             CommandResult::Skipped { reason: SkipReason::OverLimit } => {
                 Err(NodeError::invalid("payload", "exceeds the compiled-in hard limit"))
             }
@@ -85,7 +100,8 @@ impl TimerApi {
     /// it by at most their number. When the pending limit is reached, a
     /// create (or a batch's creates in the namespace) whose keys all exist
     /// already, a client's retry answered by apply as before, is still let
-    /// through: only creates that would add a timer are refused.
+    /// through: only creates that would add a timer are refused (an id
+    /// holding a finished timer counts as free, since a create may replace it).
     pub(super) async fn admit_quota(
         &self,
         ctx: &ShardCtx,
@@ -111,7 +127,9 @@ impl TimerApi {
                 return Ok(None);
             }
             for key in &keys {
-                if store.get_timer(group, key)?.is_none() {
+                // A finished timer does not count as there: a create may
+                // replace it (`replace_finished`), adding a pending one.
+                if store.get_timer(group, key)?.is_none_or(|r| r.state.is_terminal()) {
                     return Ok(Some(pending));
                 }
             }
@@ -145,8 +163,13 @@ impl TimerApi {
             .await
             .map_err(|e| NodeError::from_propose(ctx.shard, e))?;
         use pb::cancel_timer_response::Outcome;
+        let mut attempt_in_flight = false;
         let (outcome, record) = match result {
             CommandResult::Cancelled { record } => (Outcome::Cancelled, Some(record)),
+            CommandResult::CancelledWhileFiring { record, attempt_in_flight: in_flight } => {
+                attempt_in_flight = in_flight;
+                (Outcome::CancelledWhileFiring, Some(record))
+            }
             CommandResult::AlreadyCancelled { record } => (Outcome::AlreadyCancelled, Some(record)),
             CommandResult::AlreadyFired { record } => (Outcome::AlreadyFired, Some(record)),
             CommandResult::NotFound => (Outcome::NotFound, None),
@@ -157,6 +180,7 @@ impl TimerApi {
             fire: record.as_ref().and_then(|r| json::fire_proto(ctx.cluster_id().unwrap_or_default(), ctx.shard, r)),
             timer: record.as_ref().map(|r| json::timer_proto(ctx.cluster_id().unwrap_or_default(), ctx.shard, &key, r)),
             applied_index: index,
+            attempt_in_flight,
         })
     }
 
