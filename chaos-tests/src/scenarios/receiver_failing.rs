@@ -15,8 +15,9 @@
 //!
 //! Checks: the healthy endpoint's fault-window lateness p99 < 1 s (the
 //! lateness figures cover its `s-…` timers only); 429 and 503 retries
-//! arrive no sooner than their `Retry-After`; 410 timers got exactly one
-//! attempt and are DEAD; each 500 timer's retry gaps grow (every gap is
+//! arrive no sooner than their `Retry-After`; 410 timers sent before the
+//! first 410 came back got exactly one attempt and are DEAD, the rest are
+//! held unsent (the node disabled the URL); each 500 timer's retry gaps grow (every gap is
 //! longer than the one two before it: the backoff doubles and its jitter
 //! spans half of each step); every slow timer was attempted again, each
 //! attempt at least the 10 s timeout after the one before; and once the
@@ -183,27 +184,39 @@ impl Scenario for ReceiverFailing {
                     failures.push(format!("receiver-failing: {early} {tag} retries came sooner than Retry-After"));
                 }
             }
-            // 410: one attempt, then DEAD.
+            // 410: the timers whose attempts were under way when the first
+            // 410 came back got one attempt each and are DEAD (GONE); the
+            // node then disabled the URL, so the rest were never sent: each
+            // is held (`url_disabled` in its history), neither DEAD nor
+            // delivered.
             let gone = check::read_ops(&run.dir.join("gone-ops.ndjson"))?;
-            let mut not_dead = 0;
-            let mut retried = 0;
+            let (mut dead_once, mut held, mut wrong) = (0, 0, Vec::new());
             for op in gone.iter().filter(|o| o.outcome == "ok") {
-                if seen.get(&op.id).map_or(0, Vec::len) != 1 {
-                    retried += 1;
-                }
-                let timer = run.client().get_timer(NAMESPACE, &op.id).await?;
+                let sent = seen.get(&op.id).map_or(0, Vec::len);
+                let timer = run.client().get_timer_with(NAMESPACE, &op.id, true).await?;
                 let attempts = timer.fire.as_ref().map_or(0, |f| f.attempt);
-                if timer.state != pb::timer::State::Dead as i32 || attempts != 1 {
-                    not_dead += 1;
+                let dead = timer.state == pb::timer::State::Dead as i32;
+                let reason = timer.fire.as_ref().map_or("", |f| f.dead_reason.as_str());
+                match sent {
+                    1 if dead && attempts == 1 && reason == "GONE" => dead_once += 1,
+                    0 if !dead
+                        && timer.state != pb::timer::State::Delivered as i32
+                        && timer.attempts.iter().any(|a| a.class == "url_disabled") =>
+                    {
+                        held += 1
+                    }
+                    _ => wrong.push(format!("{} (sent {sent}, state {}, attempt {attempts})", op.id, timer.state)),
                 }
             }
             println!(
-                "    f410: {} timers; {retried} not attempted exactly once at the sink; {not_dead} not DEAD after one attempt",
-                gone.len()
+                "    f410: {} timers; {dead_once} attempted once and DEAD (GONE), {held} held by the disabled URL, {} otherwise",
+                gone.len(),
+                wrong.len()
             );
-            if retried + not_dead > 0 {
+            if dead_once == 0 || !wrong.is_empty() {
                 failures.push(format!(
-                    "receiver-failing: 410 timers must end DEAD after one attempt ({retried} attempted other than once, {not_dead} not DEAD)"
+                    "receiver-failing: a 410 timer must end DEAD after one attempt, or be held unsent once its URL is disabled ({dead_once} DEAD; otherwise: {:?})",
+                    &wrong[..wrong.len().min(5)]
                 ));
             }
             // 500: growing gaps while refused.

@@ -57,6 +57,22 @@ enum AdminCommand {
     /// map (needs an `admin` token).
     #[command(subcommand)]
     Namespace(NamespaceCommand),
+    /// Webhook endpoints as each node sees them: circuit breakers that are
+    /// open or throttled, and URLs a 410 Gone disabled (needs an `admin`
+    /// token).
+    #[command(subcommand)]
+    Endpoint(EndpointCommand),
+}
+
+#[derive(clap::Subcommand)]
+enum EndpointCommand {
+    /// Every node's breakers that are not closed, and its disabled URLs.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Deliver to a URL a 410 Gone disabled again, on every node.
+    Enable { url: String },
 }
 
 #[derive(clap::Subcommand)]
@@ -197,6 +213,7 @@ pub async fn run(args: AdminArgs) -> anyhow::Result<ExitCode> {
         AdminCommand::Rebalance { dry_run } => AdminOp::Rebalance { dry_run },
         AdminCommand::Token(cmd) => return token(addrs, cmd).await,
         AdminCommand::Namespace(cmd) => return namespace(addrs, cmd).await,
+        AdminCommand::Endpoint(cmd) => return endpoint(addrs, cmd).await,
     };
     let client = crate::connect(addrs).await.context("connecting to the cluster")?;
     let mut stream = client.admin_op(op).await.context("starting the operation")?;
@@ -286,6 +303,92 @@ async fn token(addrs: Vec<String>, cmd: TokenCommand) -> anyhow::Result<ExitCode
                 println!("no token {id}: nothing to revoke");
             }
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn endpoint(addrs: Vec<String>, cmd: EndpointCommand) -> anyhow::Result<ExitCode> {
+    let client = crate::connect(addrs).await.context("connecting to the cluster")?;
+    let mut unanswered = 0;
+    match cmd {
+        EndpointCommand::List { json } => {
+            let answers = client.endpoints_on_every_node().await.context("listing endpoints")?;
+            let mut rows = Vec::new();
+            for (node, answer) in answers {
+                match answer {
+                    Ok(list) => {
+                        if json {
+                            rows.push(serde_json::json!({
+                                "node_id": list.node_id,
+                                "endpoints": list.endpoints.iter().map(|e| serde_json::json!({
+                                    "endpoint": e.endpoint, "state": e.state,
+                                    "failures_in_a_row": e.failures_in_a_row,
+                                    "held_until_ms": e.held_until_ms, "in_flight": e.in_flight,
+                                })).collect::<Vec<_>>(),
+                                "disabled": list.disabled.iter().map(|d| serde_json::json!({
+                                    "url": d.url, "disabled_at_ms": d.disabled_at_ms, "by_timer": d.by_timer,
+                                })).collect::<Vec<_>>(),
+                            }));
+                            continue;
+                        }
+                        println!("node {} ({})", node.node_id, node.grpc_addr);
+                        if list.endpoints.is_empty() && list.disabled.is_empty() {
+                            println!("  every endpoint healthy, no URL disabled");
+                        }
+                        for e in &list.endpoints {
+                            println!(
+                                "  {:<40} {:<10} failures in a row {:>4}  in flight {:>4}{}",
+                                e.endpoint,
+                                e.state,
+                                e.failures_in_a_row,
+                                e.in_flight,
+                                if e.held_until_ms > 0 {
+                                    format!("  held until {} ms", e.held_until_ms)
+                                } else {
+                                    String::new()
+                                }
+                            );
+                        }
+                        for d in &list.disabled {
+                            println!(
+                                "  DISABLED {} (410 Gone at {} ms, timer {})",
+                                d.url, d.disabled_at_ms, d.by_timer
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        unanswered += 1;
+                        eprintln!("node {} ({}) did not answer: {e}", node.node_id, node.grpc_addr);
+                    }
+                }
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&rows)?);
+            }
+        }
+        EndpointCommand::Enable { url } => {
+            let answers = client.enable_endpoint_everywhere(&url).await.context("enabling the URL")?;
+            let mut enabled_on = Vec::new();
+            for (node, answer) in answers {
+                match answer {
+                    Ok(r) if r.was_disabled => enabled_on.push(r.node_id.to_string()),
+                    Ok(_) => {}
+                    Err(e) => {
+                        unanswered += 1;
+                        eprintln!("node {} ({}) did not answer: {e}", node.node_id, node.grpc_addr);
+                    }
+                }
+            }
+            if enabled_on.is_empty() {
+                println!("{url} was not disabled on any node that answered");
+            } else {
+                println!("{url} enabled again on node(s) {}", enabled_on.join(", "));
+            }
+        }
+    }
+    if unanswered > 0 {
+        eprintln!("error: {unanswered} node(s) did not answer; run the command again");
+        return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
 }

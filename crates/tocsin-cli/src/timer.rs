@@ -38,6 +38,10 @@ pub enum TimerCommand {
         /// Deliver by holding on this pull topic.
         #[arg(long)]
         topic: Option<String>,
+        /// With --topic: how long a consumer's reservation of this timer lasts (overrides the
+        /// consumer's); 0 = the consumer's.
+        #[arg(long, default_value_t = 0, requires = "topic")]
+        ttr_ms: u64,
         /// Payload, as text.
         #[arg(long, default_value = "")]
         payload: String,
@@ -50,21 +54,31 @@ pub enum TimerCommand {
         /// it (its generation the old one's plus one). Without it such a create is refused.
         #[arg(long)]
         replace_finished: bool,
+        /// The late-fire policy: skip the fire (the timer ends SKIPPED) if it comes more than
+        /// this many ms after its time (after an outage, say); 0 = fire however late.
+        #[arg(long, default_value_t = 0)]
+        skip_if_late_ms: u64,
     },
     Get {
         #[command(flatten)]
         conn: Conn,
         namespace: String,
         id: String,
+        /// Also print its delivery attempts (the latest 32): outcome, HTTP status, latency, error.
+        #[arg(long)]
+        attempts: bool,
     },
     /// List a namespace's timers.
     List {
         #[command(flatten)]
         conn: Conn,
         namespace: String,
-        /// SCHEDULED, FIRING, DELIVERED, DEAD or CANCELLED.
+        /// SCHEDULED, FIRING, DELIVERED, DEAD, CANCELLED or SKIPPED.
         #[arg(long)]
         state: Option<String>,
+        /// Only DEAD timers that gave up for this reason: MAX_ATTEMPTS, GIVE_UP_AFTER or GONE.
+        #[arg(long)]
+        reason: Option<String>,
         #[arg(long, default_value_t = 100)]
         limit: u32,
         #[arg(long, default_value = "")]
@@ -93,6 +107,22 @@ pub enum TimerCommand {
         #[arg(long)]
         at: Option<u64>,
     },
+    /// Start DEAD timers over: each is scheduled again at once (its generation raised) and fires
+    /// with a new fire id and a new attempt series.
+    Redrive {
+        #[command(flatten)]
+        conn: Conn,
+        namespace: String,
+        /// The timers to redrive.
+        #[arg(required_unless_present = "all_dead", conflicts_with = "all_dead")]
+        ids: Vec<String>,
+        /// Every DEAD timer of the namespace (with --reason, those that gave up for that reason).
+        #[arg(long)]
+        all_dead: bool,
+        /// With --all-dead: MAX_ATTEMPTS, GIVE_UP_AFTER or GONE.
+        #[arg(long, requires = "all_dead")]
+        reason: Option<String>,
+    },
     /// How many timers of a namespace fire in the next minute, hour and day.
     Horizon {
         #[command(flatten)]
@@ -116,8 +146,29 @@ fn print_timer(timer: &pb::Timer, json: bool) {
         if !f.last_error.is_empty() {
             print!("  last_error={:?}", f.last_error);
         }
+        if !f.dead_reason.is_empty() {
+            print!("  dead_reason={}", f.dead_reason);
+        }
     }
     println!();
+}
+
+fn print_attempts(attempts: &[pb::AttemptInfo]) {
+    if attempts.is_empty() {
+        println!("  no finished attempts");
+        return;
+    }
+    for a in attempts {
+        let status = if a.http_status == 0 { "-".to_string() } else { a.http_status.to_string() };
+        print!(
+            "  #{:<3} {:<14} status={status:<3} class={:<18} {} ms  started={} epoch={} fire_id={}",
+            a.attempt, a.outcome, a.class, a.latency_ms, a.started_at_ms, a.epoch, a.fire_id
+        );
+        if !a.error.is_empty() {
+            print!("  error={:?}", a.error);
+        }
+        println!();
+    }
 }
 
 fn parse_labels(labels: &[String]) -> anyhow::Result<std::collections::HashMap<String, String>> {
@@ -141,10 +192,12 @@ pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
             at,
             webhook,
             topic,
+            ttr_ms,
             payload,
             labels,
             max_attempts,
             replace_finished,
+            skip_if_late_ms,
         } => {
             let client = crate::connect(conn.addrs.clone()).await?;
             let fire_time = match (delay_ms, at) {
@@ -154,7 +207,7 @@ pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
             };
             let target = match (webhook, topic) {
                 (Some(url), _) => pb::callback::Target::Webhook(pb::Webhook { url }),
-                (None, Some(topic)) => pb::callback::Target::Pull(pb::Pull { topic }),
+                (None, Some(topic)) => pb::callback::Target::Pull(pb::Pull { topic, ttr_ms }),
                 (None, None) => anyhow::bail!("give --webhook URL or --topic NAME"),
             };
             let req = pb::CreateTimerRequest {
@@ -166,6 +219,7 @@ pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
                 callback: Some(pb::Callback { target: Some(target) }),
                 retry: Some(pb::RetryPolicy { max_attempts, ..Default::default() }),
                 replace_finished,
+                skip_if_late_ms,
             };
             let resp = client.create_timer(req).await?;
             if let Some(t) = &resp.timer {
@@ -175,11 +229,21 @@ pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
                 print_timer(t, conn.json);
             }
         }
-        TimerCommand::Get { conn, namespace, id } => {
+        TimerCommand::Get { conn, namespace, id, attempts } => {
             let client = crate::connect(conn.addrs.clone()).await?;
-            print_timer(&client.get_timer(&namespace, &id).await?, conn.json);
+            let timer = client.get_timer_with(&namespace, &id, attempts).await?;
+            if conn.json && attempts {
+                let list: Vec<_> = timer.attempts.iter().map(tocsin_contract::json::AttemptJson::from_proto).collect();
+                let body = serde_json::json!({ "timer": TimerJson::from_proto(&timer), "attempts": list });
+                println!("{}", serde_json::to_string_pretty(&body).expect("json"));
+            } else {
+                print_timer(&timer, conn.json);
+                if attempts {
+                    print_attempts(&timer.attempts);
+                }
+            }
         }
-        TimerCommand::List { conn, namespace, state, limit, page_token } => {
+        TimerCommand::List { conn, namespace, state, reason, limit, page_token } => {
             let client = crate::connect(conn.addrs.clone()).await?;
             let state = match state {
                 Some(s) => pb::timer::State::from_str_name(&s.to_ascii_uppercase())
@@ -192,6 +256,7 @@ pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
                     state,
                     page_size: limit,
                     page_token,
+                    dead_reason: reason.unwrap_or_default().to_ascii_uppercase(),
                     ..Default::default()
                 })
                 .await?;
@@ -239,6 +304,63 @@ pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
                 println!();
             }
             if outcome == "NOT_FOUND" {
+                return Ok(ExitCode::from(4));
+            }
+        }
+        TimerCommand::Redrive { conn, namespace, ids, all_dead, reason } => {
+            let client = crate::connect(conn.addrs.clone()).await?;
+            if all_dead {
+                let reason = reason.unwrap_or_default().to_ascii_uppercase();
+                let tty = std::io::IsTerminal::is_terminal(&std::io::stderr()) && !conn.json;
+                let bar = if tty { indicatif::ProgressBar::new_spinner() } else { indicatif::ProgressBar::hidden() };
+                let (redriven, other) = client
+                    .redrive_dead(&namespace, &reason, |done, other| {
+                        bar.set_message(format!("{done} redriven, {other} not"));
+                        bar.tick();
+                    })
+                    .await?;
+                bar.finish_and_clear();
+                if conn.json {
+                    println!("{}", serde_json::json!({ "redriven": redriven, "not_redriven": other }));
+                } else {
+                    println!("redriven {redriven} DEAD timers of {namespace}; {other} were not DEAD any more");
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
+            let mut failed = false;
+            let mut out = Vec::new();
+            for chunk in ids.chunks(1_000) {
+                let resp = client.redrive_timers(&namespace, chunk.to_vec()).await?;
+                for r in resp.results {
+                    let outcome =
+                        pb::redrive_result::Outcome::try_from(r.outcome).map(|o| o.as_str_name()).unwrap_or("?");
+                    failed |= r.outcome != pb::redrive_result::Outcome::Redriven as i32;
+                    if conn.json {
+                        let error = r.error.as_ref().map(tocsin_contract::json::ErrorJson::from_info);
+                        out.push(serde_json::json!({
+                            "id": r.id,
+                            "outcome": outcome,
+                            "generation": r.timer.as_ref().map(|t| t.generation),
+                            "error": error,
+                        }));
+                    } else {
+                        match (&r.timer, &r.error) {
+                            (Some(t), _) => println!(
+                                "{}  {outcome}  now {} generation={}",
+                                r.id,
+                                tocsin_contract::json::state_name(t.state),
+                                t.generation
+                            ),
+                            (None, Some(e)) => println!("{}  {outcome}  {}", r.id, e.message),
+                            (None, None) => println!("{}  {outcome}", r.id),
+                        }
+                    }
+                }
+            }
+            if conn.json {
+                println!("{}", serde_json::json!({ "results": out }));
+            }
+            if failed {
                 return Ok(ExitCode::from(4));
             }
         }

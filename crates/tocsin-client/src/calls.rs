@@ -150,8 +150,19 @@ impl Client {
     }
 
     pub async fn get_timer(&self, namespace: &str, id: &str) -> Result<pb::Timer, ClientError> {
+        self.get_timer_with(namespace, id, false).await
+    }
+
+    /// [`Client::get_timer`], with its attempt history in `attempts` when
+    /// `include_attempts`.
+    pub async fn get_timer_with(
+        &self,
+        namespace: &str,
+        id: &str,
+        include_attempts: bool,
+    ) -> Result<pb::Timer, ClientError> {
         let shard = self.shard_of(namespace, id);
-        let req = pb::GetTimerRequest { namespace: namespace.into(), id: id.into() };
+        let req = pb::GetTimerRequest { namespace: namespace.into(), id: id.into(), include_attempts };
         let resp = self
             .call(Some(shard), |mut c| {
                 let req = self.routed(req.clone());
@@ -190,6 +201,61 @@ impl Client {
             async move { c.list_timers(req).await }
         })
         .await
+    }
+
+    /// Starts these DEAD timers over (at most 1,000 ids); one result per
+    /// id, in order.
+    pub async fn redrive_timers(
+        &self,
+        namespace: &str,
+        ids: Vec<String>,
+    ) -> Result<pb::RedriveTimersResponse, ClientError> {
+        let req = pb::RedriveTimersRequest { namespace: namespace.into(), ids };
+        self.call(None, |mut c| {
+            let req = req.clone();
+            async move { c.redrive_timers(req).await }
+        })
+        .await
+    }
+
+    /// Starts every DEAD timer of `namespace` over (of one `dead_reason`,
+    /// if not empty): lists them a page at a time and redrives each page,
+    /// calling `progress(redriven so far, not redriven so far)` after each.
+    /// Returns the totals. A page is listed afresh after each round, so
+    /// timers that die meanwhile are redriven too, and it ends when a page
+    /// comes back empty.
+    pub async fn redrive_dead(
+        &self,
+        namespace: &str,
+        dead_reason: &str,
+        mut progress: impl FnMut(u64, u64),
+    ) -> Result<(u64, u64), ClientError> {
+        use pb::redrive_result::Outcome;
+        let (mut redriven, mut other) = (0u64, 0u64);
+        let mut page_token = String::new();
+        loop {
+            let page = self
+                .list_timers(pb::ListTimersRequest {
+                    namespace: namespace.into(),
+                    state: pb::timer::State::Dead as i32,
+                    dead_reason: dead_reason.into(),
+                    page_size: 1_000,
+                    page_token: page_token.clone(),
+                    ..Default::default()
+                })
+                .await?;
+            if !page.timers.is_empty() {
+                let ids = page.timers.into_iter().map(|t| t.id).collect();
+                for r in self.redrive_timers(namespace, ids).await?.results {
+                    if r.outcome == Outcome::Redriven as i32 { redriven += 1 } else { other += 1 }
+                }
+                progress(redriven, other);
+            }
+            if page.next_page_token.is_empty() {
+                return Ok((redriven, other));
+            }
+            page_token = page.next_page_token;
+        }
     }
 
     pub async fn horizon(&self, namespace: &str) -> Result<pb::GetHorizonResponse, ClientError> {
@@ -394,6 +460,54 @@ impl Client {
             })
             .await?;
         Ok(resp.secrets)
+    }
+
+    /// Every node's webhook endpoints (needs `admin`): each node keeps its
+    /// own breakers and disabled URLs. One answer per node of the cluster
+    /// map, with the error of a node that did not answer.
+    pub async fn endpoints_on_every_node(
+        &self,
+    ) -> Result<Vec<(pb::NodeInfo, Result<pb::ListEndpointsResponse, ClientError>)>, ClientError> {
+        let mut out = Vec::new();
+        for node in self.live_nodes().await? {
+            let answer = match self.channel(&node.grpc_addr) {
+                Ok(channel) => AdminServiceClient::new(channel)
+                    .list_endpoints(pb::ListEndpointsRequest {})
+                    .await
+                    .map(tonic::Response::into_inner)
+                    .map_err(ClientError::from_status),
+                Err(e) => Err(e),
+            };
+            out.push((node, answer));
+        }
+        Ok(out)
+    }
+
+    /// Enables `url`, which a `410 Gone` disabled, on every node (needs
+    /// `admin`); one answer per node.
+    pub async fn enable_endpoint_everywhere(
+        &self,
+        url: &str,
+    ) -> Result<Vec<(pb::NodeInfo, Result<pb::EnableEndpointResponse, ClientError>)>, ClientError> {
+        let mut out = Vec::new();
+        for node in self.live_nodes().await? {
+            let answer = match self.channel(&node.grpc_addr) {
+                Ok(channel) => AdminServiceClient::new(channel)
+                    .enable_endpoint(pb::EnableEndpointRequest { url: url.into() })
+                    .await
+                    .map(tonic::Response::into_inner)
+                    .map_err(ClientError::from_status),
+                Err(e) => Err(e),
+            };
+            out.push((node, answer));
+        }
+        Ok(out)
+    }
+
+    /// The cluster map's nodes that are not removed.
+    async fn live_nodes(&self) -> Result<Vec<pb::NodeInfo>, ClientError> {
+        let info = self.cluster().await?;
+        Ok(info.nodes.into_iter().filter(|n| n.state != pb::node_info::State::Removed as i32).collect())
     }
 
     /// Starts a cluster operation on the first seed that answers and

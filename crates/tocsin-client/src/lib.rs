@@ -274,7 +274,9 @@ pub fn pull_timer(namespace: &str, id: &str, fire_at_ms: u64, topic: &str) -> pb
         namespace: namespace.into(),
         id: id.into(),
         fire_time: Some(pb::create_timer_request::FireTime::FireAtMs(fire_at_ms)),
-        callback: Some(pb::Callback { target: Some(pb::callback::Target::Pull(pb::Pull { topic: topic.into() })) }),
+        callback: Some(pb::Callback {
+            target: Some(pb::callback::Target::Pull(pb::Pull { topic: topic.into(), ttr_ms: 0 })),
+        }),
         ..Default::default()
     }
 }

@@ -79,6 +79,9 @@ pub struct DeliveryJson {
     /// Log index of the entry that started this attempt.
     #[serde(default)]
     pub attempt_index: u64,
+    /// How late the fire was: `fired_at_ms - fire_at_ms`.
+    #[serde(default)]
+    pub late_by_ms: u64,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
 }
@@ -98,6 +101,7 @@ impl DeliveryJson {
             fire_id: tocsin_core::timer::fire_id(cluster_id, shard, fire.fire_index),
             cluster_id: cluster_id.to_string(),
             attempt_index: fire.attempt_index,
+            late_by_ms: fire.fired_at_ms.saturating_sub(record.fire_at_ms),
             labels: record.labels.clone(),
         }
     }
@@ -119,6 +123,7 @@ pub fn delivery_proto(cluster_id: &str, shard: u32, key: &TimerKey, record: &Tim
         reserved_until_ms: 0,
         topic: String::new(),
         cluster_id: d.cluster_id,
+        late_by_ms: d.late_by_ms,
     }
 }
 
@@ -129,6 +134,7 @@ pub fn state_proto(state: TimerState) -> pb::timer::State {
         TimerState::Delivered => pb::timer::State::Delivered,
         TimerState::Dead => pb::timer::State::Dead,
         TimerState::Cancelled => pb::timer::State::Cancelled,
+        TimerState::Skipped => pb::timer::State::Skipped,
     }
 }
 
@@ -136,7 +142,9 @@ pub fn callback_proto(callback: &Callback) -> pb::Callback {
     pb::Callback {
         target: Some(match callback {
             Callback::Webhook { url } => pb::callback::Target::Webhook(pb::Webhook { url: url.clone() }),
-            Callback::Pull { topic } => pb::callback::Target::Pull(pb::Pull { topic: topic.clone() }),
+            Callback::Pull { topic, ttr_ms } => {
+                pb::callback::Target::Pull(pb::Pull { topic: topic.clone(), ttr_ms: *ttr_ms })
+            }
         }),
     }
 }
@@ -153,7 +161,29 @@ pub fn fire_proto(cluster_id: &str, shard: u32, record: &TimerRecord) -> Option<
             FirePhase::InFlight { .. } | FirePhase::Ready { .. } => 0,
         },
         last_error: fire.last_error.clone(),
+        dead_reason: fire.dead_reason.map(|r| r.name().to_string()).unwrap_or_default(),
     })
+}
+
+/// A timer's attempt history in its wire form.
+pub fn attempts_proto(cluster_id: &str, shard: u32, record: &TimerRecord) -> Vec<pb::AttemptInfo> {
+    record
+        .attempts
+        .iter()
+        .map(|a| pb::AttemptInfo {
+            attempt: a.attempt,
+            fire_id: tocsin_core::timer::fire_id(cluster_id, shard, a.fire_index),
+            epoch: a.epoch,
+            attempt_index: a.attempt_index,
+            started_at_ms: a.started_at_ms,
+            finished_at_ms: a.finished_at_ms,
+            outcome: a.end.name().to_string(),
+            http_status: u32::from(a.status),
+            class: a.class.clone(),
+            latency_ms: a.latency_ms,
+            error: a.error.clone(),
+        })
+        .collect()
 }
 
 pub fn timer_proto(cluster_id: &str, shard: u32, key: &TimerKey, record: &TimerRecord) -> pb::Timer {
@@ -177,6 +207,8 @@ pub fn timer_proto(cluster_id: &str, shard: u32, key: &TimerKey, record: &TimerR
         fire: fire_proto(cluster_id, shard, record),
         finished_at_ms: record.finished_at_ms,
         retained_until_ms: record.purge_after_ms().unwrap_or(0),
+        attempts: Vec::new(),
+        skip_if_late_ms: record.skip_if_late_ms,
     }
 }
 
@@ -202,6 +234,9 @@ pub struct CreateTimerJson {
     /// Replace a finished timer under the id (see the proto).
     #[serde(default)]
     pub replace_finished: bool,
+    /// The late-fire policy (see the proto): 0 fires however late.
+    #[serde(default, deserialize_with = "de_u64")]
+    pub skip_if_late_ms: u64,
 }
 
 impl CreateTimerJson {
@@ -219,6 +254,7 @@ impl CreateTimerJson {
             callback: self.callback.map(CallbackJson::into_proto),
             retry: self.retry.map(RetryJson::into_proto),
             replace_finished: self.replace_finished,
+            skip_if_late_ms: self.skip_if_late_ms,
         }
     }
 }
@@ -244,6 +280,9 @@ pub struct WebhookJson {
 pub struct PullJson {
     #[serde(default)]
     pub topic: String,
+    /// This timer's own time-to-run; 0 (or absent): the consumer's.
+    #[serde(default, deserialize_with = "de_u64", skip_serializing_if = "is_zero")]
+    pub ttr_ms: u64,
 }
 
 impl CallbackJson {
@@ -251,7 +290,7 @@ impl CallbackJson {
         pb::Callback {
             target: match (self.webhook, self.pull) {
                 (Some(w), _) => Some(pb::callback::Target::Webhook(pb::Webhook { url: w.url })),
-                (None, Some(p)) => Some(pb::callback::Target::Pull(pb::Pull { topic: p.topic })),
+                (None, Some(p)) => Some(pb::callback::Target::Pull(pb::Pull { topic: p.topic, ttr_ms: p.ttr_ms })),
                 (None, None) => None,
             },
         }
@@ -263,7 +302,7 @@ impl CallbackJson {
                 CallbackJson { webhook: Some(WebhookJson { url: w.url.clone() }), pull: None }
             }
             Some(pb::callback::Target::Pull(p)) => {
-                CallbackJson { webhook: None, pull: Some(PullJson { topic: p.topic.clone() }) }
+                CallbackJson { webhook: None, pull: Some(PullJson { topic: p.topic.clone(), ttr_ms: p.ttr_ms }) }
             }
             None => CallbackJson::default(),
         }
@@ -304,6 +343,8 @@ pub struct FireJson {
     pub next_attempt_at_ms: u64,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub last_error: String,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub dead_reason: String,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -319,6 +360,47 @@ impl FireJson {
             fired_at_ms: f.fired_at_ms,
             next_attempt_at_ms: f.next_attempt_at_ms,
             last_error: f.last_error.clone(),
+            dead_reason: f.dead_reason.clone(),
+        }
+    }
+}
+
+/// One attempt of a timer's history, as the HTTP API reports it.
+#[derive(Debug, Serialize)]
+pub struct AttemptJson {
+    pub attempt: u32,
+    pub fire_id: String,
+    pub epoch: u64,
+    pub attempt_index: u64,
+    pub started_at_ms: u64,
+    pub finished_at_ms: u64,
+    pub outcome: String,
+    #[serde(skip_serializing_if = "is_zero_u32")]
+    pub http_status: u32,
+    pub class: String,
+    pub latency_ms: u32,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub error: String,
+}
+
+fn is_zero_u32(n: &u32) -> bool {
+    *n == 0
+}
+
+impl AttemptJson {
+    pub fn from_proto(a: &pb::AttemptInfo) -> AttemptJson {
+        AttemptJson {
+            attempt: a.attempt,
+            fire_id: a.fire_id.clone(),
+            epoch: a.epoch,
+            attempt_index: a.attempt_index,
+            started_at_ms: a.started_at_ms,
+            finished_at_ms: a.finished_at_ms,
+            outcome: a.outcome.clone(),
+            http_status: a.http_status,
+            class: a.class.clone(),
+            latency_ms: a.latency_ms,
+            error: a.error.clone(),
         }
     }
 }
@@ -344,6 +426,8 @@ pub struct TimerJson {
     pub finished_at_ms: u64,
     #[serde(skip_serializing_if = "is_zero")]
     pub retained_until_ms: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub skip_if_late_ms: u64,
 }
 
 pub fn state_name(state: i32) -> &'static str {
@@ -373,6 +457,7 @@ impl TimerJson {
             fire: t.fire.as_ref().map(FireJson::from_proto),
             finished_at_ms: t.finished_at_ms,
             retained_until_ms: t.retained_until_ms,
+            skip_if_late_ms: t.skip_if_late_ms,
         }
     }
 }
@@ -393,6 +478,100 @@ pub struct RescheduleJson {
 pub struct CreateTimersJson {
     #[serde(default)]
     pub timers: Vec<CreateTimerJson>,
+}
+
+/// `POST /v1/namespaces/{namespace}/topics/{topic}:reserve`: up to `max`
+/// deliveries (default 10, at most 1,000), waiting up to `wait_ms` (default
+/// 1 s, at most 30 s; at least the 200 ms a reservation takes to record)
+/// for the first, each reserved for `ttr_ms` (default 30 s) unless the
+/// timer has its own.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReserveJson {
+    #[serde(default)]
+    pub max: Option<u32>,
+    #[serde(default)]
+    pub wait_ms: Option<u64>,
+    #[serde(default)]
+    pub ttr_ms: Option<u64>,
+}
+
+/// One delivery named for `:ack` and `:nack` (the namespace is the path's).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeliveryRefJson {
+    pub id: String,
+    pub fire_id: String,
+    #[serde(deserialize_with = "de_u64")]
+    pub attempt: u64,
+}
+
+/// `POST …/topics/{topic}:ack` and `:nack` (`delay_ms` and `reason` are
+/// for nack only).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SettleJson {
+    pub deliveries: Vec<DeliveryRefJson>,
+    #[serde(default, deserialize_with = "de_u64")]
+    pub delay_ms: u64,
+    #[serde(default)]
+    pub reason: String,
+}
+
+/// A reserved pull delivery as the HTTP API returns it.
+#[derive(Debug, Serialize)]
+pub struct PulledJson {
+    pub namespace: String,
+    pub id: String,
+    pub topic: String,
+    #[serde(with = "b64")]
+    pub payload: bytes::Bytes,
+    pub fire_at_ms: u64,
+    pub fired_at_ms: u64,
+    pub attempt: u32,
+    pub shard: u32,
+    pub epoch: u64,
+    pub fire_id: String,
+    pub cluster_id: String,
+    pub reserved_until_ms: u64,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+}
+
+impl PulledJson {
+    pub fn from_proto(d: &pb::Delivery) -> PulledJson {
+        PulledJson {
+            namespace: d.namespace.clone(),
+            id: d.id.clone(),
+            topic: d.topic.clone(),
+            payload: d.payload.clone(),
+            fire_at_ms: d.fire_at_ms,
+            fired_at_ms: d.fired_at_ms,
+            attempt: d.attempt,
+            shard: d.shard,
+            epoch: d.epoch,
+            fire_id: d.fire_id.clone(),
+            cluster_id: d.cluster_id.clone(),
+            reserved_until_ms: d.reserved_until_ms,
+            labels: d.labels.clone().into_iter().collect(),
+        }
+    }
+}
+
+/// `POST /v1/namespaces/{namespace}:redrive`: these ids, or (with
+/// `all_dead`) up to `limit` DEAD timers of the namespace, of one
+/// `dead_reason` if given.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedriveJson {
+    #[serde(default)]
+    pub ids: Vec<String>,
+    #[serde(default)]
+    pub all_dead: bool,
+    #[serde(default)]
+    pub dead_reason: String,
+    #[serde(default)]
+    pub limit: Option<u32>,
 }
 
 /// An error as the HTTP API reports it.

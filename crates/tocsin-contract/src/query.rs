@@ -19,9 +19,9 @@ impl QueryError {
 }
 
 /// What `GET /v1/timers/{namespace}` accepts.
-const LIST_PARAMS: [&str; 5] = ["state", "fire_after_ms", "fire_before_ms", "page_size", "page_token"];
+const LIST_PARAMS: [&str; 6] = ["state", "fire_after_ms", "fire_before_ms", "page_size", "page_token", "dead_reason"];
 
-/// `GET /v1/timers/{namespace}?state=…&fire_after_ms=…&fire_before_ms=…&page_size=…&page_token=…`.
+/// `GET /v1/timers/{namespace}?state=…&fire_after_ms=…&fire_before_ms=…&page_size=…&page_token=…&dead_reason=…`.
 /// A parameter the API does not know is refused rather than ignored: a
 /// misspelt filter would otherwise list everything.
 pub fn list_timers(namespace: &str, query: &HashMap<String, String>) -> Result<pb::ListTimersRequest, QueryError> {
@@ -56,6 +56,7 @@ pub fn list_timers(namespace: &str, query: &HashMap<String, String>) -> Result<p
         fire_before_ms: num("fire_before_ms")?,
         page_size: u32::try_from(num("page_size")?).unwrap_or(u32::MAX),
         page_token: query.get("page_token").cloned().unwrap_or_default(),
+        dead_reason: query.get("dead_reason").cloned().unwrap_or_default(),
     })
 }
 

@@ -19,11 +19,15 @@ use serde::Serialize;
 
 use crate::NodeId;
 use crate::command::AttemptOutcome;
+use crate::command::AttemptReport;
 use crate::command::Command;
 use crate::command::CommandResult;
 use crate::command::Proposal;
 use crate::command::SkipReason;
 use crate::limits;
+use crate::timer::AttemptEnd;
+use crate::timer::AttemptEntry;
+use crate::timer::DeadReason;
 use crate::timer::FirePhase;
 use crate::timer::FireRecord;
 use crate::timer::TimerKey;
@@ -163,6 +167,7 @@ pub fn apply_command<T: TimerTable>(
                 labels: spec.labels.clone(),
                 callback: spec.callback.clone(),
                 retry: *retry,
+                skip_if_late_ms: spec.skip_if_late_ms,
                 spec_digest: digest,
                 generation,
                 created_at_ms: ctx.now_ms,
@@ -170,6 +175,7 @@ pub fn apply_command<T: TimerTable>(
                 fire: None,
                 finished_at_ms: 0,
                 retention_ms: *retention_ms,
+                attempts: Vec::new(),
             };
             rules.put(key, previous.as_ref(), record.clone())?;
             Ok(CommandResult::Created { record, created: true })
@@ -182,9 +188,10 @@ pub fn apply_command<T: TimerTable>(
         Command::Reserve { key, fire_index, expected_attempt, epoch, until_ms } => {
             rules.reserve(key, *fire_index, *expected_attempt, *epoch, *until_ms)
         }
-        Command::AttemptResult { key, fire_index, attempt, outcome } => {
-            rules.attempt_result(key, *fire_index, *attempt, outcome)
+        Command::AttemptResult { key, fire_index, attempt, outcome, report } => {
+            rules.attempt_result(key, *fire_index, *attempt, outcome, report)
         }
+        Command::Redrive { key } => rules.redrive(key),
         Command::LeaderEpoch { leader } => {
             // A second epoch command in the same entry changes nothing; an
             // older index than the current epoch means the log went backwards.
@@ -268,7 +275,7 @@ impl<T: TimerTable> Rules<'_, T> {
     /// before written (TigerBeetle's paired assertions).
     fn check(&self, key: &TimerKey, record: &TimerRecord) -> Result<(), T::Error> {
         let fire_ok = match record.state {
-            TimerState::Scheduled => record.fire.is_none(),
+            TimerState::Scheduled | TimerState::Skipped => record.fire.is_none(),
             TimerState::Firing => record.fire.is_some(),
             TimerState::Delivered | TimerState::Dead => record.fire.is_some(),
             // Cancelled before it fired, or while its delivery went on.
@@ -282,6 +289,12 @@ impl<T: TimerTable> Rules<'_, T> {
         }
         if record.state.is_terminal() != (record.finished_at_ms != 0) {
             return Err(self.broken(format!("{key}: state {:?} finished_at {}", record.state, record.finished_at_ms)));
+        }
+        if record.attempts.len() > limits::MAX_ATTEMPT_HISTORY {
+            return Err(self.broken(format!("{key}: {} attempts in its history", record.attempts.len())));
+        }
+        if (record.state == TimerState::Dead) != record.fire.as_ref().is_some_and(|f| f.dead_reason.is_some()) {
+            return Err(self.broken(format!("{key}: state {:?} with dead reason {:?}", record.state, record.fire)));
         }
         Ok(())
     }
@@ -334,13 +347,20 @@ impl<T: TimerTable> Rules<'_, T> {
                 let fire = record.fire.as_ref().expect("checked: firing timers have fire facts");
                 let attempt_in_flight = matches!(fire.phase, FirePhase::InFlight { .. });
                 let mut new = record.clone();
+                if attempt_in_flight {
+                    let entry = ended(fire, self.ctx.now_ms, AttemptEnd::Cancelled, &AttemptReport::default(), "");
+                    push_attempt(&mut new, entry);
+                }
                 new.state = TimerState::Cancelled;
                 new.finished_at_ms = self.ctx.now_ms.max(1);
                 self.put(key, Some(&record), new.clone())?;
                 Ok(CommandResult::CancelledWhileFiring { record: new, attempt_in_flight })
             }
             TimerState::Cancelled => Ok(CommandResult::AlreadyCancelled { record }),
-            TimerState::Delivered | TimerState::Dead => Ok(CommandResult::AlreadyFired { record }),
+            // Its fire came (a skipped one too): the record says how it ended.
+            TimerState::Delivered | TimerState::Dead | TimerState::Skipped => {
+                Ok(CommandResult::AlreadyFired { record })
+            }
         }
     }
 
@@ -384,6 +404,16 @@ impl<T: TimerTable> Rules<'_, T> {
         }
         let pull = record.callback.is_pull();
         let mut new = record.clone();
+        if new.fire.is_none()
+            && record.skip_if_late_ms != 0
+            && now > record.fire_at_ms.saturating_add(record.skip_if_late_ms)
+        {
+            // The late-fire policy: too late to be worth delivering.
+            new.state = TimerState::Skipped;
+            new.finished_at_ms = now.max(1);
+            self.put(key, Some(&record), new.clone())?;
+            return Ok(CommandResult::LateSkipped { record: new });
+        }
         match &mut new.fire {
             None => {
                 // SCHEDULED -> FIRING: the fire itself.
@@ -401,9 +431,16 @@ impl<T: TimerTable> Rules<'_, T> {
                         FirePhase::InFlight { since_ms: now, until_ms: now.saturating_add(timeout_ms.max(1)) }
                     },
                     last_error: String::new(),
+                    dead_reason: None,
                 });
                 if past_give_up(&new, now) {
-                    return self.die(key, record, new, "gave up: fired after retry.give_up_after_ms");
+                    return self.die(
+                        key,
+                        record,
+                        new,
+                        DeadReason::GiveUpAfter,
+                        "gave up: fired after retry.give_up_after_ms",
+                    );
                 }
             }
             Some(fire) if pull => {
@@ -415,6 +452,8 @@ impl<T: TimerTable> Rules<'_, T> {
                 }
                 if matches!(fire.phase, FirePhase::InFlight { .. }) {
                     fire.last_error = "the reservation ran out without an ack".into();
+                    let entry = ended(fire, now, AttemptEnd::NoOutcome, &AttemptReport::default(), &fire.last_error);
+                    push_attempt_to(&mut new.attempts, entry);
                 }
                 fire.phase = FirePhase::Ready { since_ms: now };
             }
@@ -423,18 +462,28 @@ impl<T: TimerTable> Rules<'_, T> {
                 // with no outcome recorded (lost reply, dropped task), or an attempt
                 // an earlier leader left in flight.
                 if matches!(fire.phase, FirePhase::InFlight { .. }) {
-                    fire.last_error = if fire.epoch < epoch {
-                        "the leader that started the attempt lost its leadership".into()
+                    let end = if fire.epoch < epoch {
+                        fire.last_error = "the leader that started the attempt lost its leadership".into();
+                        AttemptEnd::LeaderChanged
                     } else {
-                        "no outcome recorded before the attempt's deadline".into()
+                        fire.last_error = "no outcome recorded before the attempt's deadline".into();
+                        AttemptEnd::NoOutcome
                     };
+                    let entry = ended(fire, now, end, &AttemptReport::default(), &fire.last_error);
+                    push_attempt_to(&mut new.attempts, entry);
                 }
                 if fire.attempt >= record.retry.max_attempts.max(1) {
                     let error = format!("gave up after {} attempts: {}", fire.attempt, fire.last_error);
-                    return self.die(key, record, new, &error);
+                    return self.die(key, record, new, DeadReason::MaxAttempts, &error);
                 }
                 if past_give_up(&record, now) {
-                    return self.die(key, record, new, "gave up: retry.give_up_after_ms passed");
+                    return self.die(
+                        key,
+                        record,
+                        new,
+                        DeadReason::GiveUpAfter,
+                        "gave up: retry.give_up_after_ms passed",
+                    );
                 }
                 fire.attempt += 1;
                 fire.epoch = epoch;
@@ -481,12 +530,17 @@ impl<T: TimerTable> Rules<'_, T> {
             return Ok(skip(SkipReason::NotDue));
         }
         let mut new = record.clone();
+        if matches!(fire.phase, FirePhase::InFlight { .. }) {
+            // The previous reservation ran out unacked.
+            let error = "the reservation ran out without an ack";
+            push_attempt(&mut new, ended(fire, now, AttemptEnd::NoOutcome, &AttemptReport::default(), error));
+        }
         if fire.attempt >= record.retry.max_attempts.max(1) {
             let error = format!("gave up after {} deliveries: {}", fire.attempt, fire.last_error);
-            return self.die(key, record, new, &error);
+            return self.die(key, record, new, DeadReason::MaxAttempts, &error);
         }
         if past_give_up(&new, now) {
-            return self.die(key, record, new, "gave up: retry.give_up_after_ms passed");
+            return self.die(key, record, new, DeadReason::GiveUpAfter, "gave up: retry.give_up_after_ms passed");
         }
         let fire = new.fire.as_mut().expect("copied from a firing record");
         fire.attempt += 1;
@@ -504,6 +558,7 @@ impl<T: TimerTable> Rules<'_, T> {
         fire_index: u64,
         attempt: u32,
         outcome: &AttemptOutcome,
+        report: &AttemptReport,
     ) -> Result<CommandResult, T::Error> {
         let Some(record) = self.get(key)? else {
             return Ok(skip(SkipReason::NotFound));
@@ -521,19 +576,26 @@ impl<T: TimerTable> Rules<'_, T> {
         }
         let now = self.ctx.now_ms;
         let mut new = record.clone();
+        let (end, error) = match outcome {
+            AttemptOutcome::Delivered => (AttemptEnd::Delivered, ""),
+            AttemptOutcome::Failed { error, .. } => (AttemptEnd::Failed, error.as_str()),
+            AttemptOutcome::GiveUp { error } => (AttemptEnd::GaveUp, error.as_str()),
+        };
+        push_attempt(&mut new, ended(fire, now, end, report, error));
         match outcome {
             AttemptOutcome::Delivered => {
                 new.state = TimerState::Delivered;
                 new.finished_at_ms = now.max(1);
             }
             AttemptOutcome::GiveUp { error } => {
-                return self.die(key, record, new, error);
+                return self.die(key, record, new, DeadReason::Gone, error);
             }
             AttemptOutcome::Failed { error, retry_at_ms } => {
                 let out_of_attempts = attempt >= record.retry.max_attempts.max(1);
                 let out_of_time = record.retry.give_up_after_ms != 0 && *retry_at_ms > record.retry.give_up_after_ms;
                 if out_of_attempts || out_of_time {
-                    return self.die(key, record, new, error);
+                    let reason = if out_of_attempts { DeadReason::MaxAttempts } else { DeadReason::GiveUpAfter };
+                    return self.die(key, record, new, reason, error);
                 }
                 let fire = new.fire.as_mut().expect("copied from a firing record");
                 fire.phase = FirePhase::Backoff { at_ms: *retry_at_ms };
@@ -549,15 +611,35 @@ impl<T: TimerTable> Rules<'_, T> {
         key: &TimerKey,
         old: TimerRecord,
         mut new: TimerRecord,
+        reason: DeadReason,
         error: &str,
     ) -> Result<CommandResult, T::Error> {
         new.state = TimerState::Dead;
         new.finished_at_ms = self.ctx.now_ms.max(1);
-        if let Some(fire) = new.fire.as_mut() {
-            fire.last_error = truncate(error);
-        }
+        let fire = new.fire.as_mut().ok_or_else(|| self.broken(format!("{key}: dying without fire facts")))?;
+        fire.last_error = truncate(error);
+        fire.dead_reason = Some(reason);
         self.put(key, Some(&old), new.clone())?;
         Ok(CommandResult::Dead { record: new })
+    }
+
+    /// A `DEAD` timer scheduled again at once: a new firing (new fire id,
+    /// attempts from 1), its generation raised; its history stays.
+    fn redrive(&mut self, key: &TimerKey) -> Result<CommandResult, T::Error> {
+        let Some(record) = self.get(key)? else {
+            return Ok(CommandResult::NotFound);
+        };
+        if record.state != TimerState::Dead {
+            return Ok(CommandResult::NotDead { record });
+        }
+        let mut new = record.clone();
+        new.state = TimerState::Scheduled;
+        new.fire_at_ms = self.ctx.now_ms;
+        new.generation += 1;
+        new.fire = None;
+        new.finished_at_ms = 0;
+        self.put(key, Some(&record), new.clone())?;
+        Ok(CommandResult::Redriven { record: new })
     }
 }
 
@@ -565,7 +647,7 @@ fn counter_for(meta: &mut ShardMeta, state: TimerState) -> &mut u64 {
     match state {
         TimerState::Scheduled => &mut meta.scheduled,
         TimerState::Firing => &mut meta.firing,
-        TimerState::Delivered | TimerState::Dead | TimerState::Cancelled => &mut meta.finished,
+        TimerState::Delivered | TimerState::Dead | TimerState::Cancelled | TimerState::Skipped => &mut meta.finished,
     }
 }
 
@@ -577,11 +659,50 @@ fn skip(reason: SkipReason) -> CommandResult {
     CommandResult::Skipped { reason }
 }
 
+/// The history entry of the attempt `fire` has under way, ended `end` at
+/// `now_ms`.
+fn ended(fire: &FireRecord, now_ms: u64, end: AttemptEnd, report: &AttemptReport, error: &str) -> AttemptEntry {
+    let mut class = report.class.clone();
+    if class.len() > limits::MAX_ATTEMPT_CLASS_BYTES {
+        class = truncate_to(&class, limits::MAX_ATTEMPT_CLASS_BYTES);
+    }
+    AttemptEntry {
+        fire_index: fire.fire_index,
+        attempt: fire.attempt,
+        epoch: fire.epoch,
+        attempt_index: fire.attempt_index,
+        started_at_ms: fire.attempt_started_at_ms,
+        finished_at_ms: now_ms,
+        end,
+        status: report.status,
+        class,
+        latency_ms: report.latency_ms,
+        error: truncate(error),
+    }
+}
+
+/// Appends to a timer's history, dropping the oldest beyond the bound.
+fn push_attempt(record: &mut TimerRecord, entry: AttemptEntry) {
+    push_attempt_to(&mut record.attempts, entry);
+}
+
+fn push_attempt_to(attempts: &mut Vec<AttemptEntry>, entry: AttemptEntry) {
+    attempts.push(entry);
+    if attempts.len() > limits::MAX_ATTEMPT_HISTORY {
+        let extra = attempts.len() - limits::MAX_ATTEMPT_HISTORY;
+        attempts.drain(..extra);
+    }
+}
+
 fn truncate(error: &str) -> String {
-    if error.len() <= limits::MAX_ERROR_BYTES {
+    truncate_to(error, limits::MAX_ERROR_BYTES)
+}
+
+fn truncate_to(error: &str, max: usize) -> String {
+    if error.len() <= max {
         return error.to_string();
     }
-    let mut end = limits::MAX_ERROR_BYTES;
+    let mut end = max;
     while !error.is_char_boundary(end) {
         end -= 1;
     }

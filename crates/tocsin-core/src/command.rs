@@ -86,6 +86,14 @@ pub enum Command {
         fire_index: u64,
         attempt: u32,
         outcome: AttemptOutcome,
+        /// What the node saw of it, for the attempt history.
+        report: AttemptReport,
+    },
+    /// Start a `DEAD` timer over: it is scheduled again at once, its
+    /// generation raised, and fires with a new fire id and a new attempt
+    /// series (its history keeps the old one's attempts).
+    Redrive {
+        key: TimerKey,
     },
     /// A new leader's first entry. Its log index becomes the shard's fencing
     /// epoch.
@@ -110,10 +118,22 @@ impl Command {
             | Command::Reschedule { key, .. }
             | Command::Fire { key, .. }
             | Command::Reserve { key, .. }
-            | Command::AttemptResult { key, .. } => Some(key),
+            | Command::AttemptResult { key, .. }
+            | Command::Redrive { key } => Some(key),
             Command::LeaderEpoch { .. } | Command::Purge { .. } | Command::Cluster(_) => None,
         }
     }
+}
+
+/// What the node saw of one attempt, kept in the timer's history.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptReport {
+    /// The HTTP status the receiver answered; 0 for none.
+    pub status: u16,
+    /// The outcome's class: `2xx`, `5xx`, `timeout`, `ack`, `nack`, …
+    pub class: String,
+    /// How long the request took; 0 where there was none.
+    pub latency_ms: u32,
 }
 
 /// How a delivery attempt ended.
@@ -126,6 +146,12 @@ pub enum AttemptOutcome {
     Failed { error: String, retry_at_ms: u64 },
     /// Failed for good (for example a webhook answered 410 Gone).
     GiveUp { error: String },
+}
+
+impl AttemptReport {
+    pub fn new(status: u16, class: impl Into<String>, latency_ms: u32) -> AttemptReport {
+        AttemptReport { status, class: class.into(), latency_ms }
+    }
 }
 
 /// Why a command changed nothing.
@@ -197,6 +223,19 @@ pub enum CommandResult {
     },
     /// No attempt is left: the timer is now `DEAD`.
     Dead {
+        record: TimerRecord,
+    },
+    /// A `Fire` came later than the timer's late-fire policy allows: it
+    /// is `SKIPPED`, nothing delivered.
+    LateSkipped {
+        record: TimerRecord,
+    },
+    /// A `DEAD` timer was scheduled again (`Redrive`).
+    Redriven {
+        record: TimerRecord,
+    },
+    /// `Redrive` of a timer that is not `DEAD`.
+    NotDead {
         record: TimerRecord,
     },
     /// An attempt result was recorded; `record` is the timer now.

@@ -69,10 +69,27 @@ pub struct FireConfig {
     /// waits at least this long (so a full proposal queue is not hammered).
     pub retry_delay_ms: u64,
     /// Retries (a backoff's end, an attempt's deadline) started per second per
-    /// namespace by this shard's leader; 0: unlimited. First fires are never
-    /// held back; a backlog of retries after a receiver outage drains at this
-    /// pace instead of starving every other namespace.
+    /// namespace by this shard's leader; 0: unlimited. First fires are not held by
+    /// it (only catch-up pacing holds them, below); a backlog of retries after a
+    /// receiver outage drains at this pace instead of starving every other
+    /// namespace.
     pub retries_per_namespace_per_sec: u32,
+    /// A first fire later than this is catch-up (after an outage, a
+    /// backlog), paced per namespace at `catch_up_per_namespace_per_sec`
+    /// so a backlog does not stampede its receivers; 0: never.
+    pub catch_up_after_ms: u64,
+    /// Catch-up fires started per second per namespace by this shard's
+    /// leader; 0: unlimited.
+    pub catch_up_per_namespace_per_sec: u32,
+}
+
+/// What a paced `Fire` is: each namespace has a budget for each.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+enum Pace {
+    /// A retry (a backoff's end, this leader's own attempt deadline).
+    Retry,
+    /// A first fire later than `catch_up_after_ms`.
+    CatchUp,
 }
 
 /// Namespaces with a retry budget, at most; past it the idle ones go.
@@ -187,6 +204,8 @@ pub struct FireStats {
     pub rescans: u64,
     /// Retries that waited for their namespace's retry budget.
     pub retries_deferred: u64,
+    /// Late first fires that waited for their namespace's catch-up budget.
+    pub catch_up_deferred: u64,
 }
 
 /// The fire loop's state: see the module documentation.
@@ -196,9 +215,10 @@ pub struct FireCore {
     wheel: Wheel<TimerKey>,
     tracked: HashMap<TimerKey, Tracked>,
     cursor: Cursor,
-    /// Retry budgets and the retries waiting for them, per namespace.
-    budgets: HashMap<String, Budget>,
-    deferred: HashMap<String, VecDeque<TimerKey>>,
+    /// Retry and catch-up budgets and the fires waiting for them, per
+    /// namespace.
+    budgets: HashMap<(Pace, String), Budget>,
+    deferred: HashMap<(Pace, String), VecDeque<TimerKey>>,
     /// The bound of the outstanding `Load`, if one is outstanding.
     loading: Option<u64>,
     /// Start the loader again from the beginning once the outstanding page
@@ -266,13 +286,13 @@ impl FireCore {
     /// When [`poll`](Self::poll) may next have something to do, if anything
     /// is waiting.
     pub fn next_wake_ms(&self) -> Option<u64> {
-        let rate = f64::from(self.config.retries_per_namespace_per_sec);
         let budget_ms = self
             .deferred
             .iter()
             .filter(|(_, q)| !q.is_empty())
-            .map(|(ns, _)| {
-                let b = self.budgets.get(ns).copied().unwrap_or(Budget { tokens: 0.0, at_ms: 0 });
+            .map(|(pace_ns, _)| {
+                let rate = self.rate(pace_ns.0);
+                let b = self.budgets.get(pace_ns).copied().unwrap_or(Budget { tokens: 0.0, at_ms: 0 });
                 // When the next whole token is in.
                 b.at_ms + ((1.0 - b.tokens).max(0.0) * 1000.0 / rate.max(1.0)).ceil() as u64
             })
@@ -439,12 +459,15 @@ impl FireCore {
             // entry is in the wheel before its time only when adopted from
             // an earlier leader.
             debug_assert!(due.at_ms <= now_ms || due.adopt_now(self.epoch));
-            let deferred = self.is_retry(&due) && !self.take_token(&key.namespace, now_ms);
+            let deferred = self.pace_of(&due, now_ms).filter(|&pace| !self.take_token(pace, &key.namespace, now_ms));
             let t = self.tracked.get_mut(&key).expect("tracked");
-            if deferred {
+            if let Some(pace) = deferred {
                 t.state = State::Deferred { due };
-                self.stats.retries_deferred += 1;
-                self.deferred.entry(key.namespace.clone()).or_default().push_back(key);
+                match pace {
+                    Pace::Retry => self.stats.retries_deferred += 1,
+                    Pace::CatchUp => self.stats.catch_up_deferred += 1,
+                }
+                self.deferred.entry((pace, key.namespace.clone())).or_default().push_back(key);
                 continue;
             }
             t.state = State::Proposed { due };
@@ -473,17 +496,39 @@ impl FireCore {
             }
     }
 
-    fn take_token(&mut self, namespace: &str, now_ms: u64) -> bool {
-        let rate = f64::from(self.config.retries_per_namespace_per_sec);
-        if !self.budgets.contains_key(namespace) && self.budgets.len() >= MAX_BUDGETS {
+    /// Whether a `Fire` for `due` at `now_ms` is paced, and by which budget.
+    fn pace_of(&self, due: &Due, now_ms: u64) -> Option<Pace> {
+        if self.is_retry(due) {
+            return Some(Pace::Retry);
+        }
+        let late = due.kind == DueKind::Fire
+            && self.config.catch_up_after_ms > 0
+            && self.config.catch_up_per_namespace_per_sec > 0
+            && now_ms.saturating_sub(due.at_ms) > self.config.catch_up_after_ms;
+        late.then_some(Pace::CatchUp)
+    }
+
+    fn rate(&self, pace: Pace) -> f64 {
+        f64::from(match pace {
+            Pace::Retry => self.config.retries_per_namespace_per_sec,
+            Pace::CatchUp => self.config.catch_up_per_namespace_per_sec,
+        })
+    }
+
+    fn take_token(&mut self, pace: Pace, namespace: &str, now_ms: u64) -> bool {
+        let rate = self.rate(pace);
+        let key = (pace, namespace.to_string());
+        if !self.budgets.contains_key(&key) && self.budgets.len() >= MAX_BUDGETS {
             // Bounded: forget the namespaces with a full bucket and no queue.
-            let deferred = &self.deferred;
-            self.budgets.retain(|ns, b| {
+            let (deferred, retry_rate, catch_up_rate) =
+                (&self.deferred, self.rate(Pace::Retry), self.rate(Pace::CatchUp));
+            self.budgets.retain(|k, b| {
+                let rate = if k.0 == Pace::Retry { retry_rate } else { catch_up_rate };
                 b.refill(rate, now_ms);
-                b.tokens < rate.max(1.0) || deferred.get(ns).is_some_and(|q| !q.is_empty())
+                b.tokens < rate.max(1.0) || deferred.get(k).is_some_and(|q| !q.is_empty())
             });
         }
-        let b = self.budgets.entry(namespace.to_string()).or_insert(Budget { tokens: rate.max(1.0), at_ms: now_ms });
+        let b = self.budgets.entry(key).or_insert(Budget { tokens: rate.max(1.0), at_ms: now_ms });
         b.refill(rate, now_ms);
         if b.tokens >= 1.0 {
             b.tokens -= 1.0;
@@ -493,9 +538,9 @@ impl FireCore {
         }
     }
 
-    /// Moves deferred retries whose namespace has budget again to `fires`.
+    /// Moves deferred fires whose namespace has budget again to `fires`.
     fn release_deferred(&mut self, now_ms: u64, budget: &mut usize, fires: &mut Vec<(TimerKey, u64)>) {
-        let namespaces: Vec<String> = self.deferred.keys().cloned().collect();
+        let namespaces: Vec<(Pace, String)> = self.deferred.keys().cloned().collect();
         for ns in namespaces {
             while *budget > 0 {
                 let Some(key) = self.deferred.get(&ns).and_then(|q| q.front().cloned()) else { break };
@@ -507,7 +552,7 @@ impl FireCore {
                         continue;
                     }
                 };
-                if !self.take_token(&ns, now_ms) {
+                if !self.take_token(ns.0, &ns.1, now_ms) {
                     break;
                 }
                 self.deferred.get_mut(&ns).expect("present").pop_front();

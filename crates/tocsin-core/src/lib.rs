@@ -11,6 +11,8 @@
 //! - [`routing`]: key → shard (jump hash over xxh3) and shard → nodes (a
 //!   token ring);
 //! - [`backoff`]: the retry schedule;
+//! - [`breaker`]: a webhook endpoint's health (circuit breaker, slow-down,
+//!   disabled URLs);
 //! - [`egress`]: the SSRF guard's rules for webhook targets;
 //! - [`cluster`]: the replicated cluster map (nodes, their states, each
 //!   shard's target replicas, the map epoch), its rules and the planners of
@@ -23,6 +25,7 @@
 pub mod apply;
 pub mod auth;
 pub mod backoff;
+pub mod breaker;
 pub mod cluster;
 pub mod command;
 pub mod egress;

@@ -28,6 +28,15 @@ pub const MAX_BACKOFF_CAP_MS: u64 = 24 * 3600 * 1000;
 pub const MAX_RETRY_WINDOW_MS: u64 = 30 * 24 * 3600 * 1000;
 /// Longest stored delivery error message.
 pub const MAX_ERROR_BYTES: usize = 256;
+/// The smallest late-fire bound a timer may set (`skip_if_late_ms`).
+pub const MIN_SKIP_IF_LATE_MS: u64 = 1_000;
+/// Shortest and longest time-to-run of a pull reservation.
+pub const MIN_TTR_MS: u64 = 100;
+pub const MAX_TTR_MS: u64 = 24 * 3600 * 1000;
+/// Finished attempts a timer's history keeps (the latest ones).
+pub const MAX_ATTEMPT_HISTORY: usize = 32;
+/// Longest outcome class kept in an attempt's history entry.
+pub const MAX_ATTEMPT_CLASS_BYTES: usize = 32;
 /// Width of a horizon bucket: counts of upcoming fires are kept per minute.
 pub const HORIZON_BUCKET_MS: u64 = 60_000;
 

@@ -63,8 +63,10 @@ impl std::fmt::Display for TimerKey {
 pub enum Callback {
     /// An HTTP POST to this URL.
     Webhook { url: String },
-    /// Held on a topic until a consumer reserves it.
-    Pull { topic: String },
+    /// Held on a topic until a consumer reserves it. `ttr_ms`, when not 0,
+    /// is how long a consumer's reservation of this timer lasts, whatever
+    /// the consumer asked for.
+    Pull { topic: String, ttr_ms: u64 },
 }
 
 impl Callback {
@@ -106,6 +108,10 @@ pub struct TimerSpec {
     pub labels: BTreeMap<String, String>,
     pub callback: Callback,
     pub retry: RetryPolicy,
+    /// The late-fire policy: 0 fires however late (the delivery says by
+    /// how much, `late_by_ms`); N > 0 skips a fire that comes more than N
+    /// ms after its fire time (the timer ends `SKIPPED`).
+    pub skip_if_late_ms: u64,
 }
 
 impl TimerSpec {
@@ -135,15 +141,21 @@ impl TimerSpec {
                 h.update(&[1]);
                 hash_bytes(&mut h, url.as_bytes());
             }
-            Callback::Pull { topic } => {
+            Callback::Pull { topic, ttr_ms } => {
                 h.update(&[2]);
                 hash_bytes(&mut h, topic.as_bytes());
+                h.update(&ttr_ms.to_be_bytes());
             }
         }
         h.update(&self.retry.max_attempts.to_be_bytes());
         h.update(&self.retry.initial_backoff_ms.to_be_bytes());
         h.update(&self.retry.max_backoff_ms.to_be_bytes());
         h.update(&self.retry.give_up_after_ms.to_be_bytes());
+        if self.skip_if_late_ms != 0 {
+            // Only when set, so a spec without it keeps the digest it had.
+            h.update(&[3]);
+            h.update(&self.skip_if_late_ms.to_be_bytes());
+        }
         h.digest128()
     }
 }
@@ -161,12 +173,15 @@ pub enum TimerState {
     Delivered,
     Dead,
     Cancelled,
+    /// Its fire came later than its late-fire policy allows
+    /// (`skip_if_late_ms`): nothing was delivered.
+    Skipped,
 }
 
 impl TimerState {
-    /// Delivered, dead or cancelled: nothing more will happen to it.
+    /// Delivered, dead, cancelled or skipped: nothing more will happen to it.
     pub fn is_terminal(self) -> bool {
-        matches!(self, TimerState::Delivered | TimerState::Dead | TimerState::Cancelled)
+        matches!(self, TimerState::Delivered | TimerState::Dead | TimerState::Cancelled | TimerState::Skipped)
     }
 
     pub fn name(self) -> &'static str {
@@ -176,6 +191,7 @@ impl TimerState {
             TimerState::Delivered => "DELIVERED",
             TimerState::Dead => "DEAD",
             TimerState::Cancelled => "CANCELLED",
+            TimerState::Skipped => "SKIPPED",
         }
     }
 }
@@ -253,6 +269,94 @@ pub struct FireRecord {
     pub attempt_started_at_ms: u64,
     pub phase: FirePhase,
     pub last_error: String,
+    /// Why the timer is `DEAD`; `None` before.
+    pub dead_reason: Option<DeadReason>,
+}
+
+/// Why a timer gave up (`DEAD`): what `tocsin timer list --state dead
+/// --reason` and a redrive filter on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum DeadReason {
+    /// `retry.max_attempts` attempts were made.
+    MaxAttempts,
+    /// `retry.give_up_after_ms` passed.
+    GiveUpAfter,
+    /// The receiver said not to try again (a webhook's `410 Gone`).
+    Gone,
+}
+
+impl DeadReason {
+    pub const ALL: [DeadReason; 3] = [DeadReason::MaxAttempts, DeadReason::GiveUpAfter, DeadReason::Gone];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            DeadReason::MaxAttempts => "MAX_ATTEMPTS",
+            DeadReason::GiveUpAfter => "GIVE_UP_AFTER",
+            DeadReason::Gone => "GONE",
+        }
+    }
+
+    /// The reason a name names, case-insensitively.
+    pub fn from_name(name: &str) -> Option<DeadReason> {
+        DeadReason::ALL.into_iter().find(|r| r.name().eq_ignore_ascii_case(name))
+    }
+}
+
+/// How one delivery attempt ended, as its history keeps it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum AttemptEnd {
+    /// The receiver acknowledged it (webhook 2xx, pull `Ack`).
+    Delivered,
+    /// It failed and a retry was scheduled, or the retries ran out.
+    Failed,
+    /// The receiver said not to try again.
+    GaveUp,
+    /// Its deadline passed with no outcome recorded (a lost reply, a
+    /// dropped task, a pull reservation that ran out unacked).
+    NoOutcome,
+    /// The leader that started it lost its leadership before an outcome was
+    /// recorded; the next leader started another.
+    LeaderChanged,
+    /// The timer was cancelled while it was under way.
+    Cancelled,
+}
+
+impl AttemptEnd {
+    pub fn name(self) -> &'static str {
+        match self {
+            AttemptEnd::Delivered => "DELIVERED",
+            AttemptEnd::Failed => "FAILED",
+            AttemptEnd::GaveUp => "GAVE_UP",
+            AttemptEnd::NoOutcome => "NO_OUTCOME",
+            AttemptEnd::LeaderChanged => "LEADER_CHANGED",
+            AttemptEnd::Cancelled => "CANCELLED",
+        }
+    }
+}
+
+/// One finished delivery attempt, in the timer's history (the latest
+/// [`crate::limits::MAX_ATTEMPT_HISTORY`] are kept).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AttemptEntry {
+    /// The firing it belongs to (with the shard and cluster, its fire id).
+    pub fire_index: u64,
+    pub attempt: u32,
+    /// The fencing epoch it was started under.
+    pub epoch: u64,
+    /// Log index of the entry that started it.
+    pub attempt_index: u64,
+    pub started_at_ms: u64,
+    /// When its end was recorded (the stamp of that entry).
+    pub finished_at_ms: u64,
+    pub end: AttemptEnd,
+    /// The HTTP status the receiver answered; 0 for none (no answer, pull).
+    pub status: u16,
+    /// The class of the outcome: `2xx`, `5xx`, `timeout`, `connection
+    /// refused`, `ack`, `nack`, … (never the receiver's own words).
+    pub class: String,
+    /// How long the request took, as the node measured it; 0 where unknown.
+    pub latency_ms: u32,
+    pub error: String,
 }
 
 /// The receiver-facing id of one firing of a timer: stable across delivery
@@ -285,6 +389,8 @@ pub struct TimerRecord {
     pub callback: Callback,
     /// Effective retry policy.
     pub retry: RetryPolicy,
+    /// The late-fire policy ([`TimerSpec::skip_if_late_ms`]).
+    pub skip_if_late_ms: u64,
     /// Digest of the create request's spec, for idempotent creates.
     pub spec_digest: u128,
     /// 1 at creation, raised by each reschedule.
@@ -298,6 +404,9 @@ pub struct TimerRecord {
     pub finished_at_ms: u64,
     /// How long it stays queryable once terminal.
     pub retention_ms: u64,
+    /// Its finished delivery attempts, oldest first, the latest
+    /// [`crate::limits::MAX_ATTEMPT_HISTORY`] of them (across redrives).
+    pub attempts: Vec<AttemptEntry>,
 }
 
 impl TimerRecord {
@@ -315,7 +424,7 @@ impl TimerRecord {
                 FirePhase::Backoff { at_ms } => Due { at_ms, kind: DueKind::Retry },
                 FirePhase::Ready { since_ms } => Due { at_ms: since_ms, kind: DueKind::Ready },
             }),
-            TimerState::Delivered | TimerState::Dead | TimerState::Cancelled => None,
+            TimerState::Delivered | TimerState::Dead | TimerState::Cancelled | TimerState::Skipped => None,
         }
     }
 

@@ -68,7 +68,16 @@ pub fn check_key(key: &TimerKey) -> Result {
 pub fn check_callback(callback: &Callback) -> Result {
     match callback {
         Callback::Webhook { url } => check_webhook_url(url),
-        Callback::Pull { topic } => check_name("callback.pull.topic", topic, limits::MAX_TOPIC_BYTES),
+        Callback::Pull { topic, ttr_ms } => {
+            check_name("callback.pull.topic", topic, limits::MAX_TOPIC_BYTES)?;
+            if *ttr_ms != 0 && !(limits::MIN_TTR_MS..=limits::MAX_TTR_MS).contains(ttr_ms) {
+                return Err(ValidationError::new(
+                    "callback.pull.ttr_ms",
+                    format!("must be 0 (the consumer's) or {} to {} ms", limits::MIN_TTR_MS, limits::MAX_TTR_MS),
+                ));
+            }
+            Ok(())
+        }
     }
 }
 
@@ -172,7 +181,25 @@ pub fn check_create(key: &TimerKey, spec: &TimerSpec, limits: &Limits) -> Result
     check_labels(&spec.labels)?;
     check_callback(&spec.callback)?;
     check_retry(&spec.retry, limits)?;
+    check_skip_if_late(spec.skip_if_late_ms)?;
     check_fire_time_shape("fire_at_ms", spec.fire_time, limits)
+}
+
+/// The late-fire policy: 0 (fire however late), or a bound a fire can
+/// miss by design (at least a second: lateness under that is the service's
+/// own) and at most the longest retry window.
+pub fn check_skip_if_late(skip_if_late_ms: u64) -> Result {
+    if skip_if_late_ms != 0 && !(limits::MIN_SKIP_IF_LATE_MS..=limits::MAX_RETRY_WINDOW_MS).contains(&skip_if_late_ms) {
+        return Err(ValidationError::new(
+            "skip_if_late_ms",
+            format!(
+                "must be 0 (fire however late) or {} to {} ms",
+                limits::MIN_SKIP_IF_LATE_MS,
+                limits::MAX_RETRY_WINDOW_MS
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// The checks that need no clock: a delay within the horizon.

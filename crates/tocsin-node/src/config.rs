@@ -158,12 +158,19 @@ pub struct FiringConfig {
     pub fire_batch: usize,
     /// Purge finished timers past retention this often.
     pub purge_interval_ms: u64,
-    /// Retries (after a backoff, or an attempt's deadline) a shard's leader
-    /// starts per second per namespace; 0: unlimited. First fires are never
-    /// held back. Cluster-wide a namespace retries at most about this times
-    /// the number of shards per second, so the backlog a receiver outage
-    /// leaves drains without starving other namespaces.
+    /// Retries (after a backoff, or an attempt's deadline) a shard's leader starts
+    /// per second per namespace; 0: unlimited. First fires are not held by it (only
+    /// catch-up pacing, below, holds them). Cluster-wide a namespace retries at
+    /// most about this times the number of shards per second, so the backlog a
+    /// receiver outage leaves drains without starving other namespaces.
     pub retries_per_namespace_per_sec: u32,
+    /// A first fire later than this is catch-up (the backlog an outage
+    /// leaves): paced per namespace at `catch_up_per_namespace_per_sec` so
+    /// it does not stampede the receivers. 0: no pacing.
+    pub catch_up_after_ms: u64,
+    /// Catch-up fires a shard's leader starts per second per namespace
+    /// (cluster-wide about this times the number of shards); 0: unlimited.
+    pub catch_up_per_namespace_per_sec: u32,
 }
 
 impl Default for FiringConfig {
@@ -175,6 +182,8 @@ impl Default for FiringConfig {
             fire_batch: 1_000,
             purge_interval_ms: 10_000,
             retries_per_namespace_per_sec: 50,
+            catch_up_after_ms: 60_000,
+            catch_up_per_namespace_per_sec: 1_000,
         }
     }
 }

@@ -247,7 +247,13 @@ impl Node {
             }
             Request::Reserve { max, ttr_ms } => Response::Reserved(self.reserve(max, ttr_ms).await),
             Request::Ack { key, fire_index, attempt } => {
-                let command = Command::AttemptResult { key, fire_index, attempt, outcome: AttemptOutcome::Delivered };
+                let command = Command::AttemptResult {
+                    key,
+                    fire_index,
+                    attempt,
+                    outcome: AttemptOutcome::Delivered,
+                    report: tocsin_core::command::AttemptReport::new(0, "ack", 0),
+                };
                 Response::Acked(matches!(
                     self.propose(vec![command]).await,
                     Ok((_, r)) if matches!(r.first(), Some(CommandResult::Recorded { .. }))
@@ -380,7 +386,9 @@ impl Node {
                 AttemptOutcome::Failed { error: format!("status {other:?}"), retry_at_ms: now.saturating_add(backoff) }
             }
         };
-        let command = Command::AttemptResult { key, fire_index: fire.fire_index, attempt: fire.attempt, outcome };
+        let report = tocsin_core::command::AttemptReport::new(status.unwrap_or(0), "sim", 0);
+        let command =
+            Command::AttemptResult { key, fire_index: fire.fire_index, attempt: fire.attempt, outcome, report };
         for _ in 0..5 {
             if self.epoch() != Some(epoch) {
                 return;
@@ -521,6 +529,8 @@ async fn lead(node: Arc<Node>) {
         max_tracked: 100_000,
         retry_delay_ms: 50,
         retries_per_namespace_per_sec: 0,
+        catch_up_after_ms: 0,
+        catch_up_per_namespace_per_sec: 0,
     };
     let mut core = FireCore::new(config, epoch, node.fire_clock_ms());
     let (io_tx, mut io_rx) = tokio::sync::mpsc::unbounded_channel::<Vec<(TimerKey, u64, FireOutcome)>>();

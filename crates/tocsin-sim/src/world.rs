@@ -225,7 +225,7 @@ fn command_for(op: &Op, generations: &BTreeMap<TimerKey, u64>) -> Option<Command
         OpKind::Create { fire_at_ms, pull } => {
             let fire_at_ms = BASE_MS + fire_at_ms;
             let callback = if *pull {
-                Callback::Pull { topic: "jobs".into() }
+                Callback::Pull { topic: "jobs".into(), ttr_ms: 0 }
             } else {
                 Callback::Webhook { url: "http://recv/hook".into() }
             };
@@ -243,6 +243,7 @@ fn command_for(op: &Op, generations: &BTreeMap<TimerKey, u64>) -> Option<Command
                 labels: BTreeMap::new(),
                 callback,
                 retry,
+                skip_if_late_ms: 0,
             };
             Command::Create {
                 key: op.key.clone(),

@@ -44,8 +44,10 @@ use crate::keys;
 /// id, quotas and signing secrets, and the horizon a per-namespace count of
 /// unfinished timers (`keys::PENDING_MINUTE`). 5: a create command carries
 /// `replace_finished`, and a cancelled timer may carry fire facts
-/// (cancelled while its delivery went on).
-pub const STORE_FORMAT: u32 = 5;
+/// (cancelled while its delivery went on). 6: a timer carries its attempt
+/// history and a dead timer its reason, an attempt result carries what the
+/// node saw of it, a pull callback its own time-to-run, and `Redrive`.
+pub const STORE_FORMAT: u32 = 6;
 
 /// Most write requests queued for the writer before senders wait.
 const WRITE_QUEUE_DEPTH: usize = 1024;

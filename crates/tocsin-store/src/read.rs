@@ -300,5 +300,6 @@ fn state_code(state: TimerState) -> u8 {
         TimerState::Delivered => 3,
         TimerState::Dead => 4,
         TimerState::Cancelled => 5,
+        TimerState::Skipped => 6,
     }
 }

@@ -109,8 +109,10 @@ async fn every_call_needs_a_token_whose_scopes_cover_it() {
     assert_eq!(code(ok), tonic::Code::Ok);
     let ok = grpc.create_timer(with_token(timer("team-blue", "t1", &receiver.url), Some(&orders))).await;
     assert_eq!(code(ok), tonic::Code::Ok);
-    let get =
-        grpc.get_timer(with_token(pb::GetTimerRequest { namespace: "orders".into(), id: "o1".into() }, Some(&orders)));
+    let get = grpc.get_timer(with_token(
+        pb::GetTimerRequest { namespace: "orders".into(), id: "o1".into(), include_attempts: false },
+        Some(&orders),
+    ));
     assert_eq!(code(get.await), tonic::Code::Ok);
 
     // Phase: another namespace, in every form: PERMISSION_DENIED / 403, and
@@ -122,8 +124,8 @@ async fn every_call_needs_a_token_whose_scopes_cover_it() {
     let err = denied.expect_err("another namespace");
     assert_eq!(err.code(), tonic::Code::PermissionDenied);
     assert!(err.message().contains("timers:write") && !err.message().contains("b1"), "{err:?}");
-    let existing = pb::GetTimerRequest { namespace: "billing".into(), id: "b1".into() };
-    let missing = pb::GetTimerRequest { namespace: "billing".into(), id: "nope".into() };
+    let existing = pb::GetTimerRequest { namespace: "billing".into(), id: "b1".into(), include_attempts: false };
+    let missing = pb::GetTimerRequest { namespace: "billing".into(), id: "nope".into(), include_attempts: false };
     let a = grpc.get_timer(with_token(existing, Some(&orders))).await.expect_err("denied");
     let b = grpc.get_timer(with_token(missing, Some(&orders))).await.expect_err("denied");
     assert_eq!((a.code(), a.message()), (b.code(), b.message()), "an existing timer looks like a missing one");
@@ -142,7 +144,7 @@ async fn every_call_needs_a_token_whose_scopes_cover_it() {
         timers: vec![timer("orders", "m1", &receiver.url), timer("billing", "m2", &receiver.url)],
     };
     assert_eq!(code(grpc.create_timers(with_token(mixed, Some(&orders))).await), tonic::Code::PermissionDenied);
-    let m1 = pb::GetTimerRequest { namespace: "orders".into(), id: "m1".into() };
+    let m1 = pb::GetTimerRequest { namespace: "orders".into(), id: "m1".into(), include_attempts: false };
     assert_eq!(
         code(grpc.get_timer(with_token(m1, root)).await),
         tonic::Code::NotFound,
@@ -154,7 +156,7 @@ async fn every_call_needs_a_token_whose_scopes_cover_it() {
     assert_eq!(resp.status(), 200);
     let resp = http.delete(url("/v1/timers/billing/b1")).bearer_auth(&orders).send().await.unwrap();
     assert_eq!(resp.status(), 403);
-    let b1 = pb::GetTimerRequest { namespace: "billing".into(), id: "b1".into() };
+    let b1 = pb::GetTimerRequest { namespace: "billing".into(), id: "b1".into(), include_attempts: false };
     let b1 = grpc.get_timer(with_token(b1, root)).await.unwrap().into_inner().timer.unwrap();
     assert_eq!(b1.state, pb::timer::State::Scheduled as i32, "the refused cancels changed nothing");
 
@@ -229,7 +231,7 @@ async fn a_revoked_token_is_refused_by_every_node_within_a_second() {
     let mut refused_after = Vec::new();
     for (i, c) in clients.iter_mut().enumerate() {
         loop {
-            let get = pb::GetTimerRequest { namespace: "ns".into(), id: format!("a{i}") };
+            let get = pb::GetTimerRequest { namespace: "ns".into(), id: format!("a{i}"), include_attempts: false };
             if code(c.get_timer(with_token(get, Some(&token))).await) == tonic::Code::Unauthenticated {
                 refused_after.push(revoked.elapsed());
                 break;

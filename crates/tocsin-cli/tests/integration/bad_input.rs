@@ -56,8 +56,9 @@ fn bad_creates() -> Vec<(&'static str, pb::CreateTimerRequest, tonic::Code, u16,
         (
             "bad topic",
             with(&|r| {
-                r.callback =
-                    Some(pb::Callback { target: Some(pb::callback::Target::Pull(pb::Pull { topic: "A B".into() })) })
+                r.callback = Some(pb::Callback {
+                    target: Some(pb::callback::Target::Pull(pb::Pull { topic: "A B".into(), ttr_ms: 0 })),
+                })
             }),
             IA,
             400,
@@ -233,8 +234,10 @@ async fn every_rule_answers_the_right_code() {
     assert_eq!(resp.status().as_u16(), 404);
 
     // Phase: reads of what is not there, and bad list parameters.
-    let err =
-        grpc.get_timer(pb::GetTimerRequest { namespace: "orders".into(), id: "missing".into() }).await.unwrap_err();
+    let err = grpc
+        .get_timer(pb::GetTimerRequest { namespace: "orders".into(), id: "missing".into(), include_attempts: false })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound);
     assert_eq!(http.get(format!("{base}/v1/timers/orders/missing")).send().await.unwrap().status().as_u16(), 404);
     let resp = http.delete(format!("{base}/v1/timers/orders/missing")).send().await.unwrap();
@@ -320,7 +323,10 @@ async fn rate_limit_and_disk_watermark_refuse_creates() {
         .unwrap();
     assert_eq!(resp.status().as_u16(), 429);
     assert!(resp.headers().contains_key("retry-after"));
-    let err = grpc.get_timer(pb::GetTimerRequest { namespace: "full".into(), id: "f-1".into() }).await.unwrap_err();
+    let err = grpc
+        .get_timer(pb::GetTimerRequest { namespace: "full".into(), id: "f-1".into(), include_attempts: false })
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::NotFound, "reads still work");
 }
 

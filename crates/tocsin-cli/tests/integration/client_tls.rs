@@ -194,7 +194,9 @@ async fn client_ports_speak_mutual_tls_only() {
     // The generated client, too, with nothing but plaintext: refused.
     let plain_timer = async {
         let mut c = TimerServiceClient::connect(format!("http://{}", node.grpc)).await.map_err(|e| e.to_string())?;
-        c.get_timer(pb::GetTimerRequest { namespace: "tls".into(), id: "t-1".into() }).await.map_err(|e| e.to_string())
+        c.get_timer(pb::GetTimerRequest { namespace: "tls".into(), id: "t-1".into(), include_attempts: false })
+            .await
+            .map_err(|e| e.to_string())
     };
     let plain_timer = tokio::time::timeout(Duration::from_secs(15), plain_timer).await.expect("a refusal in time");
     assert!(plain_timer.is_err(), "a plaintext TimerService call was answered: {plain_timer:?}");

@@ -68,7 +68,7 @@ async fn wait_state(
     let deadline = now_ms() + 30_000;
     loop {
         let timer = grpc
-            .get_timer(pb::GetTimerRequest { namespace: "egress".into(), id: id.into() })
+            .get_timer(pb::GetTimerRequest { namespace: "egress".into(), id: id.into(), include_attempts: false })
             .await
             .unwrap()
             .into_inner()
@@ -161,7 +161,7 @@ async fn webhook_targets_off_the_allowlist_reach_nothing() {
             other => panic!("{url} in a batch: {other:?}"),
         }
         // Nothing was stored.
-        let got = grpc.get_timer(pb::GetTimerRequest { namespace: "egress".into(), id }).await;
+        let got = grpc.get_timer(pb::GetTimerRequest { namespace: "egress".into(), id, include_attempts: false }).await;
         assert_eq!(got.unwrap_err().code(), tonic::Code::NotFound, "{url}");
     }
     println!("{} refused forms: refused at create over gRPC, HTTP and in a batch", refused.len());

@@ -126,3 +126,286 @@ async fn cancel_while_retrying_and_replacing_a_finished_id() {
     let json: serde_json::Value = resp.json().await.unwrap();
     assert_eq!((json["created"].as_bool(), json["timer"]["generation"].as_u64()), (Some(true), Some(3)));
 }
+
+/// `tocsin timer …` against `node`, its stdout.
+fn cli(node: &NodeProcess, args: &[&str]) -> String {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tocsin"))
+        .args(["timer"])
+        .args(args)
+        .args(["--addr", &node.grpc])
+        .output()
+        .expect("run tocsin");
+    assert!(out.status.success() || out.status.code() == Some(4), "{}", String::from_utf8_lossy(&out.stderr));
+    String::from_utf8(out.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn dead_timers_keep_their_attempts_and_are_redriven() {
+    let dir = tempfile::tempdir().unwrap();
+    // One receiver (one endpoint) per timer: two failures each stay below
+    // the endpoint's circuit breaker threshold, so every attempt is sent.
+    let failing = [Receiver::start().await, Receiver::start().await, Receiver::start().await];
+    for f in &failing {
+        f.answer(500);
+    }
+    let gone = Receiver::start().await;
+    gone.answer(410);
+    let node = NodeProcess::start(dir.path(), &[]);
+    let client = Client::connect([node.grpc.clone()]).await.unwrap();
+    let http = tocsin_contract::tls::http_client_builder().build().unwrap();
+
+    // Phase: three timers give up against a 500 after two attempts, one
+    // against a 410 after one.
+    for i in 0..3 {
+        let mut r = tocsin_client::webhook_timer("ops", &format!("retry-{i}"), 100, &failing[i].url);
+        r.retry = Some(pb::RetryPolicy { max_attempts: 2, initial_backoff_ms: 1000, ..Default::default() });
+        client.create_timer(r).await.unwrap();
+    }
+    client.create_timer(tocsin_client::webhook_timer("ops", "gone-0", 100, &gone.url)).await.unwrap();
+    let dead = |reason: &'static str| {
+        let client = client.clone();
+        async move {
+            let req = pb::ListTimersRequest {
+                namespace: "ops".into(),
+                state: pb::timer::State::Dead as i32,
+                dead_reason: reason.into(),
+                ..Default::default()
+            };
+            client.list_timers(req).await.unwrap().timers
+        }
+    };
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while dead("").await.len() < 4 {
+        assert!(std::time::Instant::now() < until, "four timers DEAD");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(dead("MAX_ATTEMPTS").await.len(), 3);
+    let gone_dead = dead("GONE").await;
+    assert_eq!(gone_dead.len(), 1);
+    assert_eq!(gone_dead[0].fire.as_ref().unwrap().dead_reason, "GONE");
+
+    // Phase: each attempt is in the history: outcome, status, class, a
+    // latency, its fire id; over gRPC, HTTP and the CLI.
+    let t = client.get_timer_with("ops", "retry-0", true).await.unwrap();
+    let seen: Vec<_> =
+        t.attempts.iter().map(|a| (a.attempt, a.outcome.as_str(), a.http_status, a.class.as_str())).collect();
+    assert_eq!(seen, vec![(1, "FAILED", 500, "5xx"), (2, "FAILED", 500, "5xx")]);
+    let first_fire_id = t.attempts[0].fire_id.clone();
+    assert_eq!(first_fire_id, t.fire.as_ref().unwrap().fire_id);
+    assert!(t.attempts.iter().all(|a| a.finished_at_ms >= a.started_at_ms && a.started_at_ms > 0));
+    assert!(client.get_timer("ops", "retry-0").await.unwrap().attempts.is_empty(), "only when asked");
+    let body: serde_json::Value = http
+        .get(format!("http://{}/v1/timers/ops/gone-0/attempts", node.http))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(body["state"], "DEAD");
+    assert_eq!(body["attempts"][0]["outcome"], "GAVE_UP");
+    assert_eq!(body["attempts"][0]["http_status"], 410);
+    let shown = cli(&node, &["get", "ops", "retry-1", "--attempts"]);
+    assert!(
+        shown.contains("dead_reason=MAX_ATTEMPTS") && shown.contains("#2") && shown.contains("status=500"),
+        "{shown}"
+    );
+
+    // Phase: one redriven by id (the receiver recovered): generation 2, a
+    // new fire id, delivered; its history keeps the old attempts.
+    for f in &failing {
+        f.answer(200);
+    }
+    let resp = client.redrive_timers("ops", vec!["retry-0".into(), "nope".into()]).await.unwrap();
+    let outcomes: Vec<i32> = resp.results.iter().map(|r| r.outcome).collect();
+    use pb::redrive_result::Outcome;
+    assert_eq!(outcomes, vec![Outcome::Redriven as i32, Outcome::NotFound as i32]);
+    assert_eq!(resp.results[0].timer.as_ref().unwrap().generation, 2);
+    wait_for("the redriven delivery", Duration::from_secs(10), || {
+        failing[0].of("retry-0").iter().any(|s| s.fire_id != first_fire_id)
+    })
+    .await;
+    let mut t = client.get_timer_with("ops", "retry-0", true).await.unwrap();
+    for _ in 0..100 {
+        if t.state == pb::timer::State::Delivered as i32 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        t = client.get_timer_with("ops", "retry-0", true).await.unwrap();
+    }
+    assert_eq!(t.state, pb::timer::State::Delivered as i32);
+    let last = t.attempts.last().unwrap();
+    assert_eq!(last.outcome, "DELIVERED");
+    assert_ne!(last.fire_id, first_fire_id);
+    // The six 500s in a row opened the endpoint's breaker: the new series
+    // may have begun with attempts it held, but holds nothing else.
+    assert_eq!(t.attempts.iter().filter(|a| a.fire_id == first_fire_id).count(), 2);
+    let new_series: Vec<_> = t.attempts.iter().filter(|a| a.fire_id != first_fire_id).collect();
+    assert!(new_series[..new_series.len() - 1].iter().all(|a| a.class == "circuit_open"), "{new_series:?}");
+    assert_eq!(last.attempt as usize, new_series.len());
+    let again = client.redrive_timers("ops", vec!["retry-0".into()]).await.unwrap();
+    assert_eq!(again.results[0].outcome, Outcome::NotDead as i32);
+
+    // Phase: the rest in bulk: over HTTP those of one reason, then the CLI
+    // for everything left.
+    let body: serde_json::Value = http
+        .post(format!("http://{}/v1/namespaces/ops:redrive", node.http))
+        .json(&serde_json::json!({ "all_dead": true, "dead_reason": "GONE" }))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!((body["redriven"].as_u64(), body["more"].as_bool()), (Some(1), Some(false)), "{body}");
+    let out = cli(&node, &["redrive", "ops", "--all-dead"]);
+    assert!(out.contains("redriven 2 DEAD timers"), "{out}");
+    assert!(dead("").await.len() <= 1, "only gone-0, which the 410 receiver kills again, may be DEAD");
+    wait_for("retry-1 and retry-2 delivered", Duration::from_secs(10), || {
+        (1..3).all(|i| failing[i].of(&format!("retry-{i}")).len() >= 3)
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn http_pull_long_polls_acks_nacks_and_honours_a_timers_own_ttr() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(dir.path(), &[]);
+    let client = Client::connect([node.grpc.clone()]).await.unwrap();
+    let http = tocsin_contract::tls::http_client_builder().build().unwrap();
+    let base = format!("http://{}/v1/namespaces/jobs/topics/close-order", node.http);
+    let post = |suffix: &str, body: serde_json::Value| {
+        let request = http.post(format!("{base}{suffix}")).json(&body);
+        async move {
+            let resp = request.send().await.unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<serde_json::Value>().await.unwrap())
+        }
+    };
+    let pull = |id: &str, ttr_ms: u64| {
+        let mut r = tocsin_client::pull_timer("jobs", id, now_ms() + 50, "close-order");
+        if let Some(pb::callback::Target::Pull(p)) = r.callback.as_mut().and_then(|c| c.target.as_mut()) {
+            p.ttr_ms = ttr_ms;
+        }
+        r
+    };
+
+    // Phase: a long poll on an empty topic answers when a timer comes due.
+    let started = std::time::Instant::now();
+    let due_in = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            client.create_timer(pull("a", 800)).await.unwrap();
+        })
+    };
+    let (status, body) = post(":reserve", serde_json::json!({ "max": 5, "wait_ms": 10_000, "ttr_ms": 60_000 })).await;
+    due_in.await.unwrap();
+    let waited = started.elapsed();
+    assert_eq!(status, 200, "{body}");
+    let got = body["deliveries"].as_array().unwrap();
+    assert_eq!(got.len(), 1, "{body}");
+    assert!(waited >= Duration::from_millis(400) && waited < Duration::from_secs(5), "{waited:?}");
+    let a = &got[0];
+    assert_eq!(
+        (a["id"].as_str(), a["attempt"].as_u64(), a["topic"].as_str()),
+        (Some("a"), Some(1), Some("close-order"))
+    );
+    // The timer's own time-to-run (800 ms) wins over the consumer's 60 s.
+    let left = a["reserved_until_ms"].as_u64().unwrap().saturating_sub(now_ms());
+    assert!(left <= 800, "reserved for {left} ms more");
+
+    // Phase: unacked, it comes back after its time-to-run as attempt 2; an
+    // ack of attempt 1 is then stale, of attempt 2 is OK.
+    let (_, body) = post(":reserve", serde_json::json!({ "wait_ms": 5_000 })).await;
+    let again = &body["deliveries"][0];
+    assert_eq!((again["id"].as_str(), again["attempt"].as_u64()), (Some("a"), Some(2)), "{body}");
+    let fire_id = again["fire_id"].as_str().unwrap().to_string();
+    let acks = serde_json::json!({ "deliveries": [
+        { "id": "a", "fire_id": fire_id, "attempt": 1 },
+        { "id": "a", "fire_id": fire_id, "attempt": 2 },
+    ]});
+    let (status, body) = post(":ack", acks).await;
+    assert_eq!(status, 200, "{body}");
+    let statuses: Vec<&str> =
+        body["results"].as_array().unwrap().iter().map(|r| r["status"].as_str().unwrap()).collect();
+    assert_eq!(statuses, vec!["STALE", "OK"]);
+    assert_eq!(client.get_timer("jobs", "a").await.unwrap().state, pb::timer::State::Delivered as i32);
+
+    // Phase: a nack puts it back after its delay; several come back in one call.
+    for id in ["b", "c", "d"] {
+        client.create_timer(pull(id, 0)).await.unwrap();
+    }
+    let (_, body) = post(":reserve", serde_json::json!({ "max": 3, "wait_ms": 5_000 })).await;
+    let mut ids: Vec<&str> = body["deliveries"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, vec!["b", "c", "d"], "{body}");
+    let b = body["deliveries"].as_array().unwrap().iter().find(|d| d["id"] == "b").unwrap().clone();
+    let nack = serde_json::json!({
+        "deliveries": [{ "id": "b", "fire_id": b["fire_id"], "attempt": b["attempt"] }],
+        "delay_ms": 300, "reason": "not yet"
+    });
+    let (status, body) = post(":nack", nack).await;
+    assert_eq!((status, body["results"][0]["status"].as_str()), (200, Some("OK")), "{body}");
+    let (_, body) = post(":reserve", serde_json::json!({ "max": 1, "wait_ms": 5_000 })).await;
+    assert_eq!((body["deliveries"][0]["id"].as_str(), body["deliveries"][0]["attempt"].as_u64()), (Some("b"), Some(2)));
+
+    // Phase: bad input gets the JSON error shape.
+    let (status, body) = post(":reserve", serde_json::json!({ "max": 0 })).await;
+    assert_eq!((status, body["error"]["field"].as_str()), (400, Some("max")));
+    let (status, body) = post(":reserve", serde_json::json!({ "maxx": 1 })).await;
+    assert_eq!(status, 400, "{body}");
+    let (status, _) = post(":pop", serde_json::json!({})).await;
+    assert_eq!(status, 404);
+    let (status, body) = post(":ack", serde_json::json!({ "deliveries": [], "delay_ms": 5 })).await;
+    assert_eq!((status, body["error"]["field"].as_str()), (400, Some("delay_ms")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_late_fire_says_how_late_or_is_skipped_by_its_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    let node = NodeProcess::start(dir.path(), &[]);
+    let client = Client::connect([node.grpc.clone()]).await.unwrap();
+    // Due 5 s ago (a client's clock behind, a retried request): the fire is
+    // 5 s late at once, as after an outage.
+    let past = |id: &str, skip_if_late_ms: u64| {
+        let mut r = tocsin_client::webhook_timer("late", id, 0, &receiver.url);
+        r.fire_time = Some(pb::create_timer_request::FireTime::FireAtMs(now_ms() - 5_000));
+        r.skip_if_late_ms = skip_if_late_ms;
+        r
+    };
+    client.create_timer(past("lenient", 0)).await.unwrap();
+    client.create_timer(past("bounded", 60_000)).await.unwrap();
+    client.create_timer(past("strict", 2_000)).await.unwrap();
+    let skipped = pb::timer::State::Skipped as i32;
+    wait_for("the strict timer SKIPPED", Duration::from_secs(10), || {
+        receiver.of("lenient").len() == 1 && receiver.of("bounded").len() == 1
+    })
+    .await;
+    let mut strict = client.get_timer("late", "strict").await.unwrap();
+    for _ in 0..100 {
+        if strict.state == skipped {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        strict = client.get_timer("late", "strict").await.unwrap();
+    }
+    assert_eq!(strict.state, skipped);
+    assert!(strict.fire.is_none() && strict.finished_at_ms > 0 && strict.skip_if_late_ms == 2_000);
+    assert!(receiver.of("strict").is_empty(), "a skipped fire delivers nothing");
+    // The deliveries carry late_by_ms (the receiver's record keeps the body's
+    // fire and fired times; late_by_ms is their difference).
+    for id in ["lenient", "bounded"] {
+        let seen = &receiver.of(id)[0];
+        let t = client.get_timer("late", id).await.unwrap();
+        let late_by = t.fire.unwrap().fired_at_ms - seen.fire_at_ms;
+        assert!((5_000..10_000).contains(&late_by), "{id}: {late_by} ms late");
+        assert_eq!(seen.late_by_ms, late_by, "{id}");
+    }
+    // A cancel of a skipped timer says it is over; a bad policy is refused.
+    let resp = client.cancel_timer("late", "strict").await.unwrap();
+    assert_eq!(resp.timer.unwrap().state, skipped);
+    let err = client.create_timer(past("bad", 10)).await.unwrap_err();
+    assert!(err.to_string().contains("skip_if_late_ms"), "{err}");
+}

@@ -8,6 +8,7 @@ mod clock;
 mod cluster_id;
 mod cluster_ops;
 mod egress;
+mod failure_path;
 mod faults;
 mod lifecycle;
 mod peer_port;

@@ -74,7 +74,7 @@ async fn the_client_port_refuses_peer_rpcs_and_the_peer_port_refuses_operations(
     assert!(dry.is_ok(), "operations answer on the client port: {dry:?}");
     let mut timers = TimerServiceClient::connect(client_port).await.unwrap();
     let got = timers
-        .get_timer(pb::GetTimerRequest { namespace: "ns".into(), id: "none".into() })
+        .get_timer(pb::GetTimerRequest { namespace: "ns".into(), id: "none".into(), include_attempts: false })
         .await
         .expect_err("no such timer");
     assert_eq!(got.code(), tonic::Code::NotFound, "{got:?}");

@@ -244,6 +244,7 @@ pub struct Seen {
     pub fire_id: String,
     pub epoch: u64,
     pub attempt: u64,
+    pub late_by_ms: u64,
 }
 
 /// An HTTP receiver that records every delivery by timer id, and answers
@@ -271,6 +272,7 @@ impl Receiver {
                     fire_id: v["fire_id"].as_str().unwrap().to_string(),
                     epoch: v["epoch"].as_u64().unwrap(),
                     attempt: v["attempt"].as_u64().unwrap(),
+                    late_by_ms: v["late_by_ms"].as_u64().unwrap(),
                 };
                 state.lock().unwrap().entry(v["id"].as_str().unwrap().to_string()).or_default().push(s);
                 let code = answer.load(std::sync::atomic::Ordering::Relaxed);

@@ -8,6 +8,7 @@ use tocsin_core::CommandResult;
 use tocsin_core::TimerKey;
 use tocsin_core::TimerState;
 use tocsin_core::command::AttemptOutcome;
+use tocsin_core::command::AttemptReport;
 use tocsin_core::timer::Callback;
 
 use crate::apply_rules::Shard;
@@ -25,6 +26,7 @@ enum Step {
     Reserve { k: usize, stale: bool },
     Result { k: usize, stale: bool, outcome: u8 },
     Elect,
+    Redrive { k: usize },
     Purge { k: usize },
     Advance { ms: u64 },
 }
@@ -41,6 +43,7 @@ fn step() -> impl Strategy<Value = Step> {
         2 => (k.clone(), prop::bool::weighted(0.2)).prop_map(|(k, stale)| Step::Reserve { k, stale }),
         2 => (k.clone(), prop::bool::weighted(0.2), 0u8..3).prop_map(|(k, stale, outcome)| Step::Result { k, stale, outcome }),
         1 => Just(Step::Elect),
+        1 => k.clone().prop_map(|k| Step::Redrive { k }),
         1 => k.clone().prop_map(|k| Step::Purge { k }),
         3 => prop_oneof![0u64..4, 0u64..4_000].prop_map(|ms| Step::Advance { ms }),
     ]
@@ -57,7 +60,7 @@ fn command(shard: &Shard, now: u64, step: &Step) -> Option<Command> {
     let rec = |k| shard.table.timers.get(&key(k));
     Some(match *step {
         Step::Create { k, offset_ms, variant, pull, replace } => {
-            let cb = if pull { Callback::Pull { topic: "t".into() } } else { webhook() };
+            let cb = if pull { Callback::Pull { topic: "t".into(), ttr_ms: 0 } } else { webhook() };
             let mut s = spec(now + offset_ms, cb);
             let mut p = s.payload.to_vec();
             p.push(variant);
@@ -104,9 +107,11 @@ fn command(shard: &Shard, now: u64, step: &Step) -> Option<Command> {
                     1 => AttemptOutcome::Failed { error: "503".into(), retry_at_ms: now + 1000 },
                     _ => AttemptOutcome::GiveUp { error: "410".into() },
                 },
+                report: AttemptReport::new(500, "5xx", 12),
             }
         }
         Step::Elect => Command::LeaderEpoch { leader: 1 },
+        Step::Redrive { k } => Command::Redrive { key: key(k) },
         Step::Purge { k } => Command::Purge { keys: vec![key(k)] },
         Step::Advance { .. } => return None,
     })
@@ -198,12 +203,35 @@ fn run(steps: &[Step]) -> (Vec<CommandResult>, Shard) {
                 assert_ne!(fire.epoch, 0);
             }
         }
+        // A redrive restarts exactly the DEAD timers: scheduled at once, the
+        // generation raised, the history kept.
+        if let Command::Redrive { .. } = &cmd {
+            match (&before, &result) {
+                (None, CommandResult::NotFound) => {}
+                (Some(b), CommandResult::NotDead { record }) => assert!(b.state != TimerState::Dead && record == b),
+                (Some(b), CommandResult::Redriven { record }) => {
+                    assert_eq!(b.state, TimerState::Dead);
+                    assert_eq!(
+                        (record.state, record.generation, record.fire_at_ms),
+                        (TimerState::Scheduled, b.generation + 1, now)
+                    );
+                    assert_eq!(record.attempts, b.attempts);
+                }
+                (b, other) => panic!("redrive of {b:?} answered {other:?}"),
+            }
+        }
+        // Every attempt that ended is in the history, within its bound.
+        if let Some(a) = cmd.key().and_then(|k| shard.table.timers.get(k)) {
+            assert!(a.attempts.len() <= tocsin_core::limits::MAX_ATTEMPT_HISTORY);
+            assert!(a.attempts.windows(2).all(|w| w[0].finished_at_ms <= w[1].finished_at_ms));
+        }
         // State only moves forward along SCHEDULED -> FIRING -> DELIVERED | DEAD and
         // SCHEDULED | FIRING -> CANCELLED (a purge removes, a create may start a new
-        // incarnation).
+        // incarnation, a redrive takes DEAD back to SCHEDULED).
         if let (Some(b), Some(a)) = (&before, shard.table.timers.get(cmd.key().unwrap_or(&key(0))))
             && cmd.key().is_some()
             && a.created_index == b.created_index
+            && !matches!(cmd, Command::Redrive { .. })
         {
             let rank = |s| match s {
                 TimerState::Scheduled => 0,

@@ -11,8 +11,12 @@ use tocsin_core::TimerSpec;
 use tocsin_core::TimerState;
 use tocsin_core::apply::apply_proposal;
 use tocsin_core::command::AttemptOutcome;
+use tocsin_core::command::AttemptReport;
 use tocsin_core::command::SkipReason;
+use tocsin_core::limits::MAX_ATTEMPT_HISTORY;
+use tocsin_core::timer::AttemptEnd;
 use tocsin_core::timer::Callback;
+use tocsin_core::timer::DeadReason;
 use tocsin_core::timer::FireTime;
 use tocsin_core::timer::RetryPolicy;
 
@@ -27,6 +31,7 @@ pub fn spec(fire_at_ms: u64, callback: Callback) -> TimerSpec {
         labels: BTreeMap::from([("team".to_string(), "payments".to_string())]),
         callback,
         retry: RetryPolicy::default(),
+        skip_if_late_ms: 0,
     }
 }
 
@@ -110,6 +115,43 @@ fn create_is_idempotent_and_detects_conflicts() {
 }
 
 #[test]
+fn a_fire_later_than_the_late_fire_policy_allows_is_skipped() {
+    let mut shard = Shard::new();
+    let epoch = shard.elect(T0, 1);
+    let (late, lax, on_time) =
+        (TimerKey::new("ns", "late"), TimerKey::new("ns", "lax"), TimerKey::new("ns", "on-time"));
+    let strict = TimerSpec { skip_if_late_ms: 5_000, ..spec(T0 + 1000, webhook()) };
+    shard.apply(T0, create(&late, &strict, 3));
+    shard.apply(T0, create(&on_time, &strict, 3));
+    shard.apply(T0, create(&lax, &spec(T0 + 1000, webhook()), 3));
+    assert_ne!(strict.digest(), spec(T0 + 1000, webhook()).digest(), "the policy is part of the spec");
+
+    // Phase: 5 s late is within the bound: it fires, and the delivery can
+    // say how late (fired_at - fire_at).
+    let CommandResult::Dispatch { record } = shard.apply(T0 + 6_000, fire(&on_time, T0 + 1000, epoch)) else {
+        panic!()
+    };
+    assert_eq!(record.fire.unwrap().fired_at_ms - record.fire_at_ms, 5_000);
+
+    // Phase: a millisecond more and it is skipped: terminal, out of the
+    // index, nothing dispatched; counted as finished.
+    let CommandResult::LateSkipped { record } = shard.apply(T0 + 6_001, fire(&late, T0 + 1000, epoch)) else {
+        panic!()
+    };
+    assert_eq!((record.state, record.due(), record.fire.is_none()), (TimerState::Skipped, None, true));
+    assert_eq!(record.finished_at_ms, T0 + 6_001);
+    assert!(matches!(shard.apply(T0 + 7_000, fire(&late, T0 + 1000, epoch)), CommandResult::Skipped { .. }));
+    assert!(matches!(
+        shard.apply(T0 + 7_000, Command::Cancel { key: late.clone() }),
+        CommandResult::AlreadyFired { .. }
+    ));
+
+    // Phase: without a policy, an hour late still fires.
+    assert!(matches!(shard.apply(T0 + 3_600_000, fire(&lax, T0 + 1000, epoch)), CommandResult::Dispatch { .. }));
+    assert_eq!((shard.meta.scheduled, shard.meta.firing, shard.meta.finished), (0, 2, 1));
+}
+
+#[test]
 fn cancel_while_firing_stops_the_retries_and_says_whether_an_attempt_is_under_way() {
     let mut shard = Shard::new();
     let key = TimerKey::new("orders", "a");
@@ -142,6 +184,7 @@ fn cancel_while_firing_stops_the_retries_and_says_whether_an_attempt_is_under_wa
         fire_index: fire_facts.fire_index,
         attempt: 1,
         outcome: AttemptOutcome::Failed { error: "503".into(), retry_at_ms: T0 + 2000 },
+        report: Default::default(),
     };
     assert_eq!(shard.apply(T0 + 1002, result), CommandResult::Skipped { reason: SkipReason::WrongState });
     assert_eq!(
@@ -164,6 +207,7 @@ fn cancel_while_firing_stops_the_retries_and_says_whether_an_attempt_is_under_wa
         fire_index,
         attempt: 1,
         outcome: AttemptOutcome::Failed { error: "503".into(), retry_at_ms: T0 + 42_000 },
+        report: Default::default(),
     };
     assert!(matches!(shard.apply(T0 + 41_001, failed), CommandResult::Recorded { .. }));
     assert!(matches!(
@@ -178,6 +222,7 @@ fn cancel_while_firing_stops_the_retries_and_says_whether_an_attempt_is_under_wa
         fire_index: record.fire.unwrap().fire_index,
         attempt: 1,
         outcome: AttemptOutcome::Delivered,
+        report: Default::default(),
     };
     shard.apply(T0 + 51_001, delivered);
     assert!(matches!(shard.apply(T0 + 51_002, Command::Cancel { key: c.clone() }), CommandResult::AlreadyFired { .. }));
@@ -233,6 +278,112 @@ fn a_finished_id_is_refused_unless_replaced_and_a_replacement_is_a_new_generatio
     let CommandResult::Dispatch { record } = shard.apply(T0 + 1000, fire(&key, T0 + 1000, epoch)) else { panic!() };
     assert_eq!(record.generation, 2);
     assert!(record.fire.unwrap().fire_index > first.created_index * 4096);
+}
+
+#[test]
+fn attempts_are_kept_in_the_history_and_a_dead_timer_can_be_redriven() {
+    let mut shard = Shard::new();
+    let key = TimerKey::new("orders", "dead");
+    shard.apply(T0, create(&key, &spec(T0 + 1000, webhook()), 2));
+    let epoch = shard.elect(T0, 1);
+
+    // Phase: attempt 1 fails (503), attempt 2 gets no outcome before its
+    // deadline: with max_attempts 2 the timer dies, MAX_ATTEMPTS.
+    let CommandResult::Dispatch { record } = shard.apply(T0 + 1000, fire(&key, T0 + 1000, epoch)) else { panic!() };
+    let first_fire = record.fire.unwrap().fire_index;
+    let failed = Command::AttemptResult {
+        key: key.clone(),
+        fire_index: first_fire,
+        attempt: 1,
+        outcome: AttemptOutcome::Failed { error: "http 503".into(), retry_at_ms: T0 + 3000 },
+        report: AttemptReport::new(503, "5xx", 42),
+    };
+    assert!(matches!(shard.apply(T0 + 1050, failed), CommandResult::Recorded { .. }));
+    let CommandResult::Dispatch { record } = shard.apply(T0 + 3000, fire(&key, T0 + 3000, epoch)) else { panic!() };
+    let until = record.due_ms().unwrap();
+    let CommandResult::Dead { record } = shard.apply(until, fire(&key, until, epoch)) else { panic!() };
+    let fire_facts = record.fire.clone().unwrap();
+    assert_eq!(fire_facts.dead_reason, Some(DeadReason::MaxAttempts));
+    let ends: Vec<_> = record.attempts.iter().map(|a| (a.attempt, a.end, a.status, a.latency_ms)).collect();
+    assert_eq!(ends, vec![(1, AttemptEnd::Failed, 503, 42), (2, AttemptEnd::NoOutcome, 0, 0)]);
+    assert_eq!(record.attempts[0].class, "5xx");
+    assert_eq!(
+        (record.attempts[0].started_at_ms, record.attempts[0].finished_at_ms, record.attempts[1].started_at_ms),
+        (T0 + 1000, T0 + 1050, T0 + 3000)
+    );
+
+    // Phase: only a DEAD timer is redriven; it is scheduled again at once,
+    // generation 2, and its history stays.
+    let live = TimerKey::new("orders", "live");
+    shard.apply(T0 + 10, create(&live, &spec(T0 + 60_000, webhook()), 2));
+    assert!(matches!(
+        shard.apply(until + 1, Command::Redrive { key: live.clone() }),
+        CommandResult::NotDead { record } if record.state == TimerState::Scheduled
+    ));
+    assert_eq!(shard.apply(until + 1, Command::Redrive { key: TimerKey::new("orders", "x") }), CommandResult::NotFound);
+    let CommandResult::Redriven { record } = shard.apply(until + 10, Command::Redrive { key: key.clone() }) else {
+        panic!()
+    };
+    assert_eq!((record.state, record.generation, record.fire_at_ms), (TimerState::Scheduled, 2, until + 10));
+    assert_eq!(record.fire, None);
+    assert_eq!(record.attempts.len(), 2);
+    assert_eq!((shard.meta.scheduled, shard.meta.finished), (2, 0));
+
+    // Phase: it fires again as a new firing (new fire index, attempt 1) and
+    // is delivered; a 410 on another timer is GONE.
+    let CommandResult::Dispatch { record } = shard.apply(until + 10, fire(&key, until + 10, epoch)) else { panic!() };
+    let second = record.fire.unwrap();
+    assert!(second.fire_index > first_fire);
+    assert_eq!(second.attempt, 1);
+    let ok = Command::AttemptResult {
+        key: key.clone(),
+        fire_index: second.fire_index,
+        attempt: 1,
+        outcome: AttemptOutcome::Delivered,
+        report: AttemptReport::new(200, "2xx", 7),
+    };
+    let CommandResult::Recorded { record } = shard.apply(until + 20, ok) else { panic!() };
+    assert_eq!(record.state, TimerState::Delivered);
+    assert_eq!(record.attempts.last().map(|a| (a.fire_index, a.end)), Some((second.fire_index, AttemptEnd::Delivered)));
+    let CommandResult::Dispatch { record } = shard.apply(T0 + 60_000, fire(&live, T0 + 60_000, epoch)) else {
+        panic!()
+    };
+    let gone = Command::AttemptResult {
+        key: live.clone(),
+        fire_index: record.fire.unwrap().fire_index,
+        attempt: 1,
+        outcome: AttemptOutcome::GiveUp { error: "http 410 gone".into() },
+        report: AttemptReport::new(410, "4xx", 3),
+    };
+    let CommandResult::Dead { record } = shard.apply(T0 + 60_010, gone) else { panic!() };
+    assert_eq!(record.fire.unwrap().dead_reason, Some(DeadReason::Gone));
+}
+
+#[test]
+fn the_history_keeps_the_latest_attempts_only() {
+    let mut shard = Shard::new();
+    let key = TimerKey::new("orders", "flaky");
+    shard.apply(T0, create(&key, &spec(T0 + 1000, webhook()), 1000));
+    let epoch = shard.elect(T0, 1);
+    let mut now = T0 + 1000;
+    let CommandResult::Dispatch { mut record } = shard.apply(now, fire(&key, now, epoch)) else { panic!() };
+    for _ in 0..(MAX_ATTEMPT_HISTORY + 8) {
+        let facts = record.fire.clone().unwrap();
+        let failed = Command::AttemptResult {
+            key: key.clone(),
+            fire_index: facts.fire_index,
+            attempt: facts.attempt,
+            outcome: AttemptOutcome::Failed { error: "http 500".into(), retry_at_ms: now + 1000 },
+            report: AttemptReport::new(500, "5xx", 1),
+        };
+        shard.apply(now + 1, failed);
+        now += 1000;
+        let CommandResult::Dispatch { record: next } = shard.apply(now, fire(&key, now, epoch)) else { panic!() };
+        record = next;
+    }
+    assert_eq!(record.attempts.len(), MAX_ATTEMPT_HISTORY);
+    assert_eq!(record.attempts[0].attempt, 9, "the oldest are dropped");
+    assert_eq!(record.attempts.last().unwrap().attempt as usize, MAX_ATTEMPT_HISTORY + 8);
 }
 
 #[test]
@@ -315,6 +466,7 @@ fn retries_back_off_then_die() {
         fire_index,
         attempt,
         outcome: AttemptOutcome::Failed { error: "http 503".into(), retry_at_ms: T0 + 2000 },
+        report: Default::default(),
     };
 
     // Phase: attempt 1 fails; the timer waits in backoff, indexed at the retry time.
@@ -364,6 +516,7 @@ fn a_new_leader_redelivers_what_the_old_one_left_in_flight() {
         fire_index: first.fire_index,
         attempt: 1,
         outcome: AttemptOutcome::Delivered,
+        report: Default::default(),
     };
     assert_eq!(shard.apply(T0 + 500, late), CommandResult::Skipped { reason: SkipReason::Stale });
 }
@@ -423,7 +576,7 @@ fn a_shards_clock_never_goes_backwards() {
 fn pull_timers_wait_ready_then_reserve_and_ack() {
     let mut shard = Shard::new();
     let key = TimerKey::new("orders", "p");
-    let pull = Callback::Pull { topic: "close-order".into() };
+    let pull = Callback::Pull { topic: "close-order".into(), ttr_ms: 0 };
     shard.apply(T0, create(&key, &spec(T0, pull), 5));
     let epoch = shard.elect(T0, 1);
 
@@ -446,6 +599,7 @@ fn pull_timers_wait_ready_then_reserve_and_ack() {
         fire_index: facts.fire_index,
         attempt,
         outcome: AttemptOutcome::Delivered,
+        report: Default::default(),
     };
     assert_eq!(shard.apply(T0 + 6, ack(0)), CommandResult::Skipped { reason: SkipReason::Stale });
 

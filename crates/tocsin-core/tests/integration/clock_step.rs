@@ -21,6 +21,8 @@ fn a_backward_clock_step_neither_panics_nor_fires_behind_the_shards_time() {
         max_tracked: 100,
         retry_delay_ms: 50,
         retries_per_namespace_per_sec: 0,
+        catch_up_after_ms: 0,
+        catch_up_per_namespace_per_sec: 0,
     };
     let mut core = FireCore::new(config, 5, 10_000);
     // Polls, answering every load with an empty page; returns the fires.

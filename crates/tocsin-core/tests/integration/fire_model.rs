@@ -139,6 +139,8 @@ impl World {
             max_tracked: 1_000,
             retry_delay_ms: 20,
             retries_per_namespace_per_sec: 20,
+            catch_up_after_ms: 0,
+            catch_up_per_namespace_per_sec: 0,
         };
         World {
             now: 1_000_000,
@@ -404,8 +406,9 @@ fn dummy_record() -> TimerRecord {
         fire_at_ms: 0,
         payload: bytes::Bytes::new(),
         labels: BTreeMap::new(),
-        callback: tocsin_core::Callback::Pull { topic: "t".into() },
+        callback: tocsin_core::Callback::Pull { topic: "t".into(), ttr_ms: 0 },
         retry: Default::default(),
+        skip_if_late_ms: 0,
         spec_digest: 0,
         generation: 1,
         created_at_ms: 0,
@@ -413,6 +416,7 @@ fn dummy_record() -> TimerRecord {
         fire: None,
         finished_at_ms: 0,
         retention_ms: 0,
+        attempts: Vec::new(),
     }
 }
 
@@ -497,6 +501,8 @@ fn retries_are_paced_and_first_fires_are_not() {
         max_tracked: 10_000,
         retry_delay_ms: 20,
         retries_per_namespace_per_sec: 10,
+        catch_up_after_ms: 0,
+        catch_up_per_namespace_per_sec: 0,
     };
     let now = 1_000_000;
     let mut core = FireCore::new(config, EPOCH, now);
@@ -543,4 +549,69 @@ fn retries_are_paced_and_first_fires_are_not() {
     assert_eq!(drained, 100);
     let took_ms = t - now;
     assert!((8_900..=9_100).contains(&took_ms), "90 deferred retries at 10/s took {took_ms} ms");
+}
+
+/// After an outage, first fires later than `catch_up_after_ms` drain at
+/// the namespace's catch-up rate, oldest first; fires on time, of this
+/// namespace or another, are not held behind them.
+#[test]
+fn a_late_backlog_catches_up_at_its_namespace_rate() {
+    let config = FireConfig {
+        hot_window_ms: WINDOW_MS,
+        load_page: 1_000,
+        max_tracked: 10_000,
+        retry_delay_ms: 20,
+        retries_per_namespace_per_sec: 10,
+        catch_up_after_ms: 60_000,
+        catch_up_per_namespace_per_sec: 20,
+    };
+    let now = 10_000_000;
+    let mut core = FireCore::new(config, EPOCH, now);
+    let mut entries = Vec::new();
+    for i in 0..100 {
+        // Due 2 to 3 minutes ago: the node was down.
+        let key = TimerKey::new("backlog", format!("late-{i:03}"));
+        entries.push((DuePos { due_ms: now - 180_000 + i * 600, key }, DueKind::Fire));
+    }
+    for i in 0..10 {
+        // Late, but within the bound: not catch-up.
+        let key = TimerKey::new("backlog", format!("recent-{i}"));
+        entries.push((DuePos { due_ms: now - 30_000, key }, DueKind::Fire));
+    }
+    for i in 0..10 {
+        let key = TimerKey::new("other", format!("late-{i}"));
+        entries.push((DuePos { due_ms: now - 120_000, key }, DueKind::Fire));
+    }
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    let fired = |actions: Vec<Action>| -> Vec<TimerKey> {
+        actions
+            .into_iter()
+            .flat_map(|a| match a {
+                Action::Fire(f) => f.into_iter().map(|(k, _)| k).collect(),
+                _ => Vec::new(),
+            })
+            .collect()
+    };
+    let _ = core.poll(now, 0, 100);
+    core.on_page(1, entries, now + WINDOW_MS);
+    // Phase: at once, the recent ones and a second's worth per namespace.
+    let first = fired(core.poll(now, 10_000, 100));
+    assert_eq!(first.iter().filter(|k| k.id.starts_with("recent-")).count(), 10);
+    assert_eq!(first.iter().filter(|k| k.namespace == "other").count(), 10, "its own budget");
+    let late: Vec<&TimerKey> = first.iter().filter(|k| k.namespace == "backlog" && k.id.starts_with("late-")).collect();
+    assert_eq!(late.len(), 20);
+    assert_eq!(core.stats().catch_up_deferred, 80);
+    // Phase: then twenty a second, in due order.
+    let mut order: Vec<String> = late.iter().map(|k| k.id.clone()).collect();
+    let mut t = now;
+    while core.deferred() > 0 {
+        t = core.next_wake_ms().expect("deferred fires wake the loop");
+        order.extend(fired(core.poll(t, 10_000, 100)).into_iter().map(|k| k.id));
+    }
+    let mut sorted = order.clone();
+    sorted.sort();
+    assert_eq!(order, sorted, "oldest first");
+    assert_eq!(order.len(), 100);
+    let took_ms = t - now;
+    assert!((3_900..=4_100).contains(&took_ms), "80 deferred fires at 20/s took {took_ms} ms");
 }

@@ -411,4 +411,42 @@ impl pb::admin_service_server::AdminService for AdminApi {
             .collect();
         Ok(Response::new(pb::ListNamespaceSecretsResponse { secrets }))
     }
+
+    async fn list_endpoints(
+        &self,
+        request: Request<pb::ListEndpointsRequest>,
+    ) -> Result<Response<pb::ListEndpointsResponse>, Status> {
+        self.authorize(&request, Some(Scope::Admin))?;
+        let (endpoints, disabled) = self.node.dispatcher.webhook.endpoints_view(self.node.clock.now_ms());
+        Ok(Response::new(pb::ListEndpointsResponse {
+            node_id: self.node.node_id,
+            endpoints: endpoints
+                .into_iter()
+                .map(|e| pb::EndpointInfo {
+                    endpoint: e.endpoint,
+                    state: e.state.into(),
+                    failures_in_a_row: e.failures_in_a_row,
+                    held_until_ms: e.held_until_ms,
+                    in_flight: u32::try_from(e.in_flight).unwrap_or(u32::MAX),
+                })
+                .collect(),
+            disabled: disabled
+                .into_iter()
+                .map(|d| pb::DisabledUrl { url: d.url, disabled_at_ms: d.disabled_at_ms, by_timer: d.by_timer })
+                .collect(),
+        }))
+    }
+
+    async fn enable_endpoint(
+        &self,
+        request: Request<pb::EnableEndpointRequest>,
+    ) -> Result<Response<pb::EnableEndpointResponse>, Status> {
+        self.authorize(&request, Some(Scope::Admin))?;
+        let url = request.into_inner().url;
+        if url.is_empty() {
+            return Err(NodeError::invalid("url", "give the disabled callback URL").into());
+        }
+        let was_disabled = self.node.dispatcher.webhook.enable(&url);
+        Ok(Response::new(pb::EnableEndpointResponse { node_id: self.node.node_id, was_disabled }))
+    }
 }

@@ -8,7 +8,11 @@
 //! | `GET /v1/timers/{namespace}/{id}` | get |
 //! | `DELETE /v1/timers/{namespace}/{id}` | cancel (404 carries `NOT_FOUND`) |
 //! | `POST /v1/timers/{namespace}/{id}:reschedule` | reschedule |
-//! | `GET /v1/timers/{namespace}?state=&fire_after_ms=&fire_before_ms=&page_size=&page_token=` | list |
+//! | `GET /v1/timers/{namespace}/{id}/attempts` | the timer's attempt history (the latest 32) |
+//! | `GET /v1/timers/{namespace}?state=&dead_reason=&fire_after_ms=&fire_before_ms=&page_size=&page_token=` | list |
+//! | `POST /v1/namespaces/{namespace}:redrive` | start DEAD timers over: `{"ids": […]}`, or `{"all_dead": true, "dead_reason": …, "limit": …}` |
+//! | `POST /v1/namespaces/{namespace}/topics/{topic}:reserve` | pull: up to `max` deliveries, waiting up to `wait_ms` for the first |
+//! | `POST /v1/namespaces/{namespace}/topics/{topic}:ack`, `:nack` | pull: settle deliveries |
 //! | `GET /v1/namespaces/{namespace}/horizon` | fires in the next minute, hour, day |
 //! | `GET /v1/cluster` | nodes and shards |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics` | operations |
@@ -38,10 +42,15 @@ use axum::routing::post;
 use serde::de::DeserializeOwned;
 use serde_json::json;
 use tocsin_contract::codes;
+use tocsin_contract::json::AttemptJson;
 use tocsin_contract::json::CreateTimerJson;
 use tocsin_contract::json::CreateTimersJson;
 use tocsin_contract::json::ErrorJson;
+use tocsin_contract::json::PulledJson;
+use tocsin_contract::json::RedriveJson;
 use tocsin_contract::json::RescheduleJson;
+use tocsin_contract::json::ReserveJson;
+use tocsin_contract::json::SettleJson;
 use tocsin_contract::json::TimerJson;
 use tocsin_proto::v1 as pb;
 use tocsin_proto::v1::timer_service_server::TimerService;
@@ -68,7 +77,10 @@ pub fn router(node: Arc<NodeState>) -> Router {
         .route("/v1/timers:batch", post(create_batch))
         .route("/v1/timers/{namespace}", get(list))
         .route("/v1/timers/{namespace}/{id}", get(get_timer).delete(cancel).post(action))
+        .route("/v1/timers/{namespace}/{id}/attempts", get(attempts))
+        .route("/v1/namespaces/{namespace}", post(namespace_action))
         .route("/v1/namespaces/{namespace}/horizon", get(horizon))
+        .route("/v1/namespaces/{namespace}/topics/{topic}", post(topic_action))
         .route("/v1/cluster", get(cluster))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
@@ -231,12 +243,242 @@ async fn create_batch(State(s): State<HttpState>, body: Bytes) -> Response {
 }
 
 async fn get_timer(State(s): State<HttpState>, Path((namespace, id)): Path<(String, String)>) -> Response {
-    match s.timers.get_timer(rpc(pb::GetTimerRequest { namespace, id })).await {
+    match s.timers.get_timer(rpc(pb::GetTimerRequest { namespace, id, include_attempts: false })).await {
         Ok(resp) => {
             Json(json!({ "timer": resp.into_inner().timer.as_ref().map(TimerJson::from_proto) })).into_response()
         }
         Err(status) => status_response(status),
     }
+}
+
+async fn attempts(State(s): State<HttpState>, Path((namespace, id)): Path<(String, String)>) -> Response {
+    match s.timers.get_timer(rpc(pb::GetTimerRequest { namespace, id, include_attempts: true })).await {
+        Ok(resp) => {
+            let timer = resp.into_inner().timer.unwrap_or_default();
+            let attempts: Vec<AttemptJson> = timer.attempts.iter().map(AttemptJson::from_proto).collect();
+            Json(json!({
+                "namespace": timer.namespace,
+                "id": timer.id,
+                "state": tocsin_contract::json::state_name(timer.state),
+                "generation": timer.generation,
+                "attempts": attempts,
+            }))
+            .into_response()
+        }
+        Err(status) => status_response(status),
+    }
+}
+
+/// Longest a reserve call waits for its first delivery.
+const RESERVE_WAIT_MAX_MS: u64 = 30_000;
+/// The least a reserve call waits (see [`reserve`]).
+const RESERVE_RECORD_MS: u64 = 200;
+/// After the first batch, how long a reserve call waits for more (other
+/// nodes' shards) before it answers.
+const RESERVE_GATHER_MS: u64 = 10;
+
+/// `POST /v1/namespaces/{namespace}/topics/{topic}:reserve`, `:ack`, `:nack`.
+async fn topic_action(
+    State(s): State<HttpState>,
+    Path((namespace, topic)): Path<(String, String)>,
+    body: Bytes,
+) -> Response {
+    if let Some(topic) = topic.strip_suffix(":reserve") {
+        return reserve(&s, namespace, topic.to_string(), &body).await;
+    }
+    let nack = match topic.rsplit_once(':') {
+        Some((_, "ack")) => false,
+        Some((_, "nack")) => true,
+        _ => return error_response(tonic::Code::NotFound, "no such route; use {topic}:reserve, :ack or :nack", ""),
+    };
+    let req: SettleJson = match parse(&body) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    if !nack && (req.delay_ms != 0 || !req.reason.is_empty()) {
+        return error_response(tonic::Code::InvalidArgument, "delay_ms and reason are for :nack", "delay_ms");
+    }
+    let ids: Vec<String> = req.deliveries.iter().map(|d| d.id.clone()).collect();
+    let deliveries: Vec<pb::DeliveryRef> = req
+        .deliveries
+        .into_iter()
+        .map(|d| pb::DeliveryRef {
+            namespace: namespace.clone(),
+            id: d.id,
+            fire_id: d.fire_id,
+            attempt: u32::try_from(d.attempt).unwrap_or(u32::MAX),
+        })
+        .collect();
+    let results = if nack {
+        let request = pb::NackRequest { deliveries, delay_ms: req.delay_ms, reason: req.reason };
+        s.timers.nack(rpc(request)).await.map(|r| r.into_inner().results)
+    } else {
+        s.timers.ack(rpc(pb::AckRequest { deliveries })).await.map(|r| r.into_inner().results)
+    };
+    match results {
+        Ok(results) => {
+            let results: Vec<_> = ids
+                .into_iter()
+                .zip(results)
+                .map(|(id, r)| {
+                    let status = pb::ack_result::Status::try_from(r.status).map(|s| s.as_str_name()).unwrap_or("?");
+                    json!({ "id": id, "status": status })
+                })
+                .collect();
+            Json(json!({ "results": results })).into_response()
+        }
+        Err(status) => status_response(status),
+    }
+}
+
+/// A long-poll reserve: opens a `Reserve` stream like a gRPC consumer
+/// (every node's shards), waits up to `wait_ms` for the first batch, takes
+/// what else arrives within [`RESERVE_GATHER_MS`] up to `max`, and closes
+/// it. Each node reserves at most `max` for the call; deliveries reserved
+/// after it answered (a node's batch that came later) are offered again
+/// once their time-to-run ends.
+async fn reserve(s: &HttpState, namespace: String, topic: String, body: &Bytes) -> Response {
+    let req: ReserveJson = if body.is_empty() {
+        ReserveJson::default()
+    } else {
+        match parse(body) {
+            Ok(r) => r,
+            Err(resp) => return resp,
+        }
+    };
+    let max = req.max.unwrap_or(10);
+    if max == 0 || max > 1_000 {
+        return error_response(tonic::Code::InvalidArgument, "max must be 1 to 1000", "max");
+    }
+    let wait_ms = req.wait_ms.unwrap_or(1_000);
+    if wait_ms > RESERVE_WAIT_MAX_MS {
+        let message = format!("wait_ms must be at most {RESERVE_WAIT_MAX_MS}");
+        return error_response(tonic::Code::InvalidArgument, &message, "wait_ms");
+    }
+    let request =
+        pb::ReserveRequest { namespace, topic, ttr_ms: req.ttr_ms.unwrap_or(0), max_batch: max, max_in_flight: max };
+    let mut stream = match s.timers.reserve(rpc(request)).await {
+        Ok(resp) => resp.into_inner(),
+        Err(status) => return status_response(status),
+    };
+    let mut deliveries: Vec<pb::Delivery> = Vec::new();
+    // A reservation is recorded through Raft before it is handed out, so
+    // even timers ready now take a commit to reserve: a call with a shorter
+    // wait still waits that long at most.
+    let until = tokio::time::Instant::now() + std::time::Duration::from_millis(wait_ms.max(RESERVE_RECORD_MS));
+    let mut gather_until: Option<tokio::time::Instant> = None;
+    loop {
+        let deadline = gather_until.unwrap_or(until);
+        let next = tokio::time::timeout_at(deadline, futures::StreamExt::next(&mut stream)).await;
+        match next {
+            Ok(Some(Ok(batch))) => {
+                deliveries.extend(batch.deliveries);
+                if deliveries.len() >= max as usize {
+                    break;
+                }
+                if !deliveries.is_empty() && gather_until.is_none() {
+                    gather_until = Some(
+                        (tokio::time::Instant::now() + std::time::Duration::from_millis(RESERVE_GATHER_MS)).min(until),
+                    );
+                }
+            }
+            Ok(Some(Err(status))) => return status_response(status),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    drop(stream);
+    deliveries.truncate(max as usize);
+    let deliveries: Vec<PulledJson> = deliveries.iter().map(PulledJson::from_proto).collect();
+    Json(json!({ "deliveries": deliveries })).into_response()
+}
+
+/// Most DEAD timers one `all_dead` redrive call handles (`limit`).
+const REDRIVE_ALL_MAX: u32 = 10_000;
+
+/// `POST /v1/namespaces/{namespace}:redrive`.
+async fn namespace_action(State(s): State<HttpState>, Path(namespace): Path<String>, body: Bytes) -> Response {
+    let Some(namespace) = namespace.strip_suffix(":redrive") else {
+        return error_response(tonic::Code::NotFound, "no such route; did you mean {namespace}:redrive", "");
+    };
+    let req: RedriveJson = match parse(&body) {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    match (req.ids.is_empty(), req.all_dead) {
+        (true, false) => return error_response(tonic::Code::InvalidArgument, "give ids, or all_dead: true", "ids"),
+        (false, true) => {
+            return error_response(tonic::Code::InvalidArgument, "give ids or all_dead, not both", "all_dead");
+        }
+        _ => {}
+    }
+    if !req.dead_reason.is_empty() && !req.all_dead {
+        return error_response(tonic::Code::InvalidArgument, "dead_reason goes with all_dead", "dead_reason");
+    }
+    let limit = req.limit.unwrap_or(1_000);
+    if limit == 0 || limit > REDRIVE_ALL_MAX {
+        return error_response(tonic::Code::InvalidArgument, &format!("limit must be 1 to {REDRIVE_ALL_MAX}"), "limit");
+    }
+    // The ids: as given, or the namespace's DEAD timers, page by page.
+    let mut ids = req.ids;
+    let mut more = false;
+    if req.all_dead {
+        let mut page_token = String::new();
+        loop {
+            let want = (limit as usize - ids.len()).min(1_000) as u32;
+            let list = pb::ListTimersRequest {
+                namespace: namespace.to_string(),
+                state: pb::timer::State::Dead as i32,
+                dead_reason: req.dead_reason.clone(),
+                page_size: want,
+                page_token,
+                ..Default::default()
+            };
+            let page = match s.timers.list_timers(rpc(list)).await {
+                Ok(resp) => resp.into_inner(),
+                Err(status) => return status_response(status),
+            };
+            ids.extend(page.timers.into_iter().map(|t| t.id));
+            page_token = page.next_page_token;
+            if page_token.is_empty() {
+                break;
+            }
+            if ids.len() >= limit as usize {
+                more = true;
+                break;
+            }
+        }
+    }
+    let mut counts = [0u64; 5];
+    let mut results = Vec::new();
+    for chunk in ids.chunks(s.node.config.limits.max_batch.max(1)) {
+        let request = pb::RedriveTimersRequest { namespace: namespace.to_string(), ids: chunk.to_vec() };
+        let resp = match s.timers.redrive_timers(rpc(request)).await {
+            Ok(resp) => resp.into_inner(),
+            Err(status) => return status_response(status),
+        };
+        for r in resp.results {
+            counts[(r.outcome as usize).min(4)] += 1;
+            let outcome = pb::redrive_result::Outcome::try_from(r.outcome).map(|o| o.as_str_name()).unwrap_or("?");
+            let mut item = json!({ "id": r.id, "outcome": outcome });
+            if let Some(t) = &r.timer {
+                item["generation"] = json!(t.generation);
+                item["state"] = json!(tocsin_contract::json::state_name(t.state));
+            }
+            if let Some(e) = &r.error {
+                item["error"] = json!(ErrorJson::from_info(e));
+            }
+            results.push(item);
+        }
+    }
+    Json(json!({
+        "redriven": counts[1],
+        "not_dead": counts[2],
+        "not_found": counts[3],
+        "failed": counts[4],
+        "more": more,
+        "results": results,
+    }))
+    .into_response()
 }
 
 async fn cancel(State(s): State<HttpState>, Path((namespace, id)): Path<(String, String)>) -> Response {

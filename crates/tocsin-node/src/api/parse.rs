@@ -79,7 +79,7 @@ pub fn create(
     };
     let callback = match req.callback.as_ref().and_then(|c| c.target.as_ref()) {
         Some(pb::callback::Target::Webhook(w)) => Callback::Webhook { url: w.url.clone() },
-        Some(pb::callback::Target::Pull(p)) => Callback::Pull { topic: p.topic.clone() },
+        Some(pb::callback::Target::Pull(p)) => Callback::Pull { topic: p.topic.clone(), ttr_ms: p.ttr_ms },
         None => return Err(NodeError::invalid("callback", "give callback.webhook.url or callback.pull.topic")),
     };
     let retry = req.retry.as_ref().map_or(RetryPolicy::default(), |r| RetryPolicy {
@@ -94,7 +94,9 @@ pub fn create(
         labels: req.labels.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
         callback,
         retry,
+        skip_if_late_ms: req.skip_if_late_ms,
     };
+    validate::check_skip_if_late(spec.skip_if_late_ms)?;
     validate::check_payload(&spec.payload, limits)?;
     validate::check_labels(&spec.labels)?;
     validate::check_callback(&spec.callback)?;
@@ -168,7 +170,9 @@ mod tests {
             namespace: "orders".into(),
             id: "o-1".into(),
             fire_time: Some(pb::create_timer_request::FireTime::DelayMs(1000)),
-            callback: Some(pb::Callback { target: Some(pb::callback::Target::Pull(pb::Pull { topic: "t".into() })) }),
+            callback: Some(pb::Callback {
+                target: Some(pb::callback::Target::Pull(pb::Pull { topic: "t".into(), ttr_ms: 0 })),
+            }),
             ..Default::default()
         };
         let valid = create(&req, &limits, 16, &open).unwrap();

@@ -160,6 +160,8 @@ async fn run(ctx: Arc<ShardCtx>, dispatcher: Arc<Dispatcher>) {
         max_tracked: firing.max_wheel_entries,
         retry_delay_ms: RETRY_DELAY_MS,
         retries_per_namespace_per_sec: firing.retries_per_namespace_per_sec,
+        catch_up_after_ms: firing.catch_up_after_ms,
+        catch_up_per_namespace_per_sec: firing.catch_up_per_namespace_per_sec,
     };
     let now = ctx.clock.now_ms();
     let (io_tx, io_rx) = mpsc::unbounded_channel();

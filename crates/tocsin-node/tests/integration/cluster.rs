@@ -100,7 +100,9 @@ pub fn pull_create(namespace: &str, id: &str, fire_at_ms: u64) -> pb::CreateTime
         namespace: namespace.into(),
         id: id.into(),
         fire_time: Some(pb::create_timer_request::FireTime::FireAtMs(fire_at_ms)),
-        callback: Some(pb::Callback { target: Some(pb::callback::Target::Pull(pb::Pull { topic: "t".into() })) }),
+        callback: Some(pb::Callback {
+            target: Some(pb::callback::Target::Pull(pb::Pull { topic: "t".into(), ttr_ms: 0 })),
+        }),
         ..Default::default()
     }
 }

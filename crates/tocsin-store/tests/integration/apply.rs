@@ -35,11 +35,12 @@ fn create(k: u32, at: u64, pull: bool) -> Command {
             payload: vec![7; 100].into(),
             labels: BTreeMap::new(),
             callback: if pull {
-                Callback::Pull { topic: "q".into() }
+                Callback::Pull { topic: "q".into(), ttr_ms: 0 }
             } else {
                 Callback::Webhook { url: "http://127.0.0.1:1/h".into() }
             },
             retry: RetryPolicy::default(),
+            skip_if_late_ms: 0,
         },
         fire_at_ms: at,
         retry: RetryPolicy { max_attempts: 2, initial_backoff_ms: 10, max_backoff_ms: 100, give_up_after_ms: 0 },
@@ -139,6 +140,7 @@ fn build_log(ops: &[Op], per_entry: usize) -> Vec<Proposal> {
                     1 => AttemptOutcome::Failed { error: "503".into(), retry_at_ms: now + 50 },
                     _ => AttemptOutcome::GiveUp { error: "410".into() },
                 },
+                report: Default::default(),
             }),
             Op::Purge { k } => Some(Command::Purge { keys: vec![key(*k)] }),
             Op::Elect => Some(Command::LeaderEpoch { leader: 1 }),

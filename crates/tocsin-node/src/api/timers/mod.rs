@@ -205,7 +205,11 @@ impl pb::timer_service_server::TimerService for TimerApi {
         let req = request.into_inner();
         let target = parse::key(&req.namespace, &req.id, self.node.config.num_shards)?;
         self.node.check_route(target.shard, map_epoch)?;
-        self.here_or_leader(forwarded, self.get(target), req, |mut c, r| async move { c.get_timer(r).await }).await
+        let include_attempts = req.include_attempts;
+        self.here_or_leader(forwarded, self.get(target, include_attempts), req, |mut c, r| async move {
+            c.get_timer(r).await
+        })
+        .await
     }
 
     async fn list_timers(
@@ -250,6 +254,16 @@ impl pb::timer_service_server::TimerService for TimerApi {
             |mut c, r| async move { c.reschedule_timer(r).await },
         )
         .await
+    }
+
+    async fn redrive_timers(
+        &self,
+        request: Request<pb::RedriveTimersRequest>,
+    ) -> Result<Response<pb::RedriveTimersResponse>, Status> {
+        self.authorize(&request, Scope::TimersWrite, &[&request.get_ref().namespace])?;
+        let forwarded = is_forwarded(&request);
+        let req = request.into_inner();
+        self.redrive(req, forwarded).await.map(Response::new).map_err(Status::from)
     }
 
     type ReserveStream = ReserveStream;

@@ -23,7 +23,7 @@ impl TimerApi {
     /// local-only, every peer's relayed into the same stream.
     pub(super) fn reserve_stream(&self, req: pb::ReserveRequest, local_only: bool) -> Result<ReserveStream, NodeError> {
         validate::check_namespace(&req.namespace)?;
-        validate::check_callback(&Callback::Pull { topic: req.topic.clone() })?;
+        validate::check_callback(&Callback::Pull { topic: req.topic.clone(), ttr_ms: 0 })?;
         let options = ReserveOptions::new(req.ttr_ms, req.max_batch, req.max_in_flight);
         let mut local = self.node.dispatcher.pull.reserve(req.namespace.clone(), req.topic.clone(), options);
         if local_only {

@@ -34,13 +34,18 @@ fn decode_token(token: &str) -> Result<(u32, Option<String>), NodeError> {
 }
 
 impl TimerApi {
-    pub(super) async fn get(&self, target: Keyed) -> Result<pb::GetTimerResponse, NodeError> {
+    pub(super) async fn get(&self, target: Keyed, include_attempts: bool) -> Result<pb::GetTimerResponse, NodeError> {
         let Keyed { key, shard } = target;
         let ctx = self.node.shard(shard)?;
         match self.read_record(&ctx, &key).await? {
-            Some(record) => Ok(pb::GetTimerResponse {
-                timer: Some(json::timer_proto(ctx.cluster_id().unwrap_or_default(), ctx.shard, &key, &record)),
-            }),
+            Some(record) => {
+                let cluster_id = ctx.cluster_id().unwrap_or_default();
+                let mut timer = json::timer_proto(cluster_id, ctx.shard, &key, &record);
+                if include_attempts {
+                    timer.attempts = json::attempts_proto(cluster_id, ctx.shard, &record);
+                }
+                Ok(pb::GetTimerResponse { timer: Some(timer) })
+            }
             None => Err(NodeError::NotFound(format!("no timer {key}"))),
         }
     }
@@ -67,6 +72,16 @@ impl TimerApi {
                 pb::timer::State::try_from(s).map_err(|_| NodeError::invalid("state", format!("unknown state {s}")))?,
             ),
         };
+        let dead_reason = match req.dead_reason.as_str() {
+            "" => None,
+            name => Some(tocsin_core::timer::DeadReason::from_name(name).ok_or_else(|| {
+                let names: Vec<&str> = tocsin_core::timer::DeadReason::ALL.iter().map(|r| r.name()).collect();
+                NodeError::invalid("dead_reason", format!("unknown reason {name:?}: use {}", names.join(", ")))
+            })?),
+        };
+        if dead_reason.is_some() && state.is_some_and(|s| s != pb::timer::State::Dead) {
+            return Err(NodeError::invalid("dead_reason", "filters DEAD timers; give state DEAD or none"));
+        }
         let (after_ms, before_ms) =
             (req.fire_after_ms, if req.fire_before_ms == 0 { u64::MAX } else { req.fire_before_ms });
         if after_ms >= before_ms {
@@ -97,6 +112,7 @@ impl TimerApi {
                     let (page, resume) = tokio::task::spawn_blocking(move || {
                         store.list_namespace(group, &namespace, after.as_deref(), want, LIST_SCAN_BUDGET, |r| {
                             state.is_none_or(|s| json::state_proto(r.state) == s)
+                                && dead_reason.is_none_or(|d| r.fire.as_ref().and_then(|f| f.dead_reason) == Some(d))
                                 && r.fire_at_ms >= after_ms
                                 && r.fire_at_ms < before_ms
                         })

@@ -206,6 +206,121 @@ impl TimerApi {
         }
     }
 
+    /// `RedriveTimers`: each id's shard's items are proposed where that
+    /// shard is led (here, or one forwarded sub-request per shard), results
+    /// in request order.
+    pub(super) async fn redrive(
+        &self,
+        req: pb::RedriveTimersRequest,
+        forwarded: bool,
+    ) -> Result<pb::RedriveTimersResponse, NodeError> {
+        validate::check_namespace(&req.namespace)?;
+        if req.ids.is_empty() {
+            return Err(NodeError::invalid("ids", "give at least one id"));
+        }
+        if req.ids.len() > self.limits().max_batch {
+            return Err(NodeError::invalid("ids", format!("at most {} ids per call", self.limits().max_batch)));
+        }
+        let mut by_shard: BTreeMap<u32, Vec<(usize, TimerKey)>> = BTreeMap::new();
+        for (i, id) in req.ids.iter().enumerate() {
+            let target = parse::key(&req.namespace, id, self.node.config.num_shards)?;
+            by_shard.entry(target.shard).or_default().push((i, target.key));
+        }
+        let calls = by_shard.into_iter().map(|(shard, items)| self.redrive_in_shard(shard, items, forwarded));
+        let mut results: Vec<Option<pb::RedriveResult>> = vec![None; req.ids.len()];
+        for (i, result) in futures::future::join_all(calls).await.into_iter().flatten() {
+            results[i] = Some(result);
+        }
+        Ok(pb::RedriveTimersResponse {
+            results: results.into_iter().map(|r| r.expect("every id has a result")).collect(),
+        })
+    }
+
+    async fn redrive_in_shard(
+        &self,
+        shard: u32,
+        items: Vec<(usize, TimerKey)>,
+        forwarded: bool,
+    ) -> Vec<(usize, pb::RedriveResult)> {
+        use pb::redrive_result::Outcome;
+        let failed = |items: &[(usize, TimerKey)], e: &NodeError| -> Vec<(usize, pb::RedriveResult)> {
+            items
+                .iter()
+                .map(|(i, key)| {
+                    let result = pb::RedriveResult {
+                        id: key.id.clone(),
+                        outcome: Outcome::Failed as i32,
+                        error: Some(e.info()),
+                        ..Default::default()
+                    };
+                    (*i, result)
+                })
+                .collect()
+        };
+        let ctx = match self.node.shard(shard) {
+            Ok(ctx) => ctx,
+            Err(e) => return failed(&items, &e),
+        };
+        if let Err(e) = ctx.check_leader() {
+            let e = NodeError::from_propose(ctx.shard, e);
+            let Some((addr, _)) = leader_addr(&self.node, &e).filter(|_| !forwarded) else {
+                return failed(&items, &e);
+            };
+            let namespace = items[0].1.namespace.clone();
+            let sub = pb::RedriveTimersRequest { namespace, ids: items.iter().map(|(_, k)| k.id.clone()).collect() };
+            return match self
+                .forward(&addr, sub, Some(shard), |mut c, r| async move { c.redrive_timers(r).await })
+                .await
+            {
+                Ok(resp) => items.iter().map(|(i, _)| *i).zip(resp.results).collect(),
+                Err(status) => failed(&items, &NodeError::from_status(&status)),
+            };
+        }
+        let commands = items.iter().map(|(_, key)| Command::Redrive { key: key.clone() }).collect();
+        let applied = ctx.proposer.propose_all(commands).await;
+        let cluster_id = ctx.cluster_id().unwrap_or_default();
+        items
+            .into_iter()
+            .zip(applied)
+            .map(|((i, key), applied)| {
+                let timer =
+                    |record: &tocsin_core::TimerRecord| Some(json::timer_proto(cluster_id, shard, &key, record));
+                let result = match applied {
+                    Ok((_, CommandResult::Redriven { record })) => pb::RedriveResult {
+                        id: key.id.clone(),
+                        outcome: Outcome::Redriven as i32,
+                        timer: timer(&record),
+                        error: None,
+                    },
+                    Ok((_, CommandResult::NotDead { record })) => pb::RedriveResult {
+                        id: key.id.clone(),
+                        outcome: Outcome::NotDead as i32,
+                        timer: timer(&record),
+                        error: None,
+                    },
+                    Ok((_, CommandResult::NotFound)) => pb::RedriveResult {
+                        id: key.id.clone(),
+                        outcome: Outcome::NotFound as i32,
+                        ..Default::default()
+                    },
+                    Ok((_, other)) => pb::RedriveResult {
+                        id: key.id.clone(),
+                        outcome: Outcome::Failed as i32,
+                        error: Some(NodeError::Internal(format!("unexpected redrive result {other:?}")).info()),
+                        ..Default::default()
+                    },
+                    Err(e) => pb::RedriveResult {
+                        id: key.id.clone(),
+                        outcome: Outcome::Failed as i32,
+                        error: Some(NodeError::from_propose(shard, e).info()),
+                        ..Default::default()
+                    },
+                };
+                (i, result)
+            })
+            .collect()
+    }
+
     /// Creates a batch; every item gets its own result. Items are parsed
     /// here once; each shard's items are charged admission and stamped
     /// only if this node leads that shard (the rest are forwarded by the

@@ -35,6 +35,7 @@ use tocsin_core::CommandResult;
 use tocsin_core::TimerKey;
 use tocsin_core::TimerRecord;
 use tocsin_core::command::AttemptOutcome;
+use tocsin_core::command::AttemptReport;
 use tocsin_core::command::SkipReason;
 use tocsin_proto::v1 as pb;
 use tokio::sync::Notify;
@@ -50,6 +51,14 @@ struct Item {
     key: TimerKey,
     fire_index: u64,
     attempt: u32,
+    /// The timer's own time-to-run (`Pull.ttr_ms`); 0: the consumer's.
+    ttr_ms: u64,
+}
+
+/// How long `item`'s reservation lasts: its own time-to-run, or the
+/// consumer's `consumer_ttr_ms`.
+fn item_ttr_ms(item: &Item, consumer_ttr_ms: u64) -> u64 {
+    if item.ttr_ms == 0 { consumer_ttr_ms } else { item.ttr_ms }
 }
 
 /// A reservation this node handed to a consumer: how many a consumer holds
@@ -171,7 +180,7 @@ impl PullHub {
 
     /// A ready pull timer from a shard this node leads.
     pub fn offer(&self, ctx: &Arc<ShardCtx>, key: TimerKey, record: &TimerRecord) {
-        let (Callback::Pull { topic }, Some(fire)) = (&record.callback, &record.fire) else { return };
+        let (Callback::Pull { topic, ttr_ms }, Some(fire)) = (&record.callback, &record.fire) else { return };
         // Ready again: any reservation this node remembers for it has ended.
         self.reservations.lock().expect("reservations lock").remove(&key);
         let topic = self.topic(&key.namespace, topic);
@@ -189,7 +198,13 @@ impl PullHub {
                 return;
             }
             state.note(&key, fire.fire_index, fire.attempt);
-            state.ready.push_back(Item { shard: ctx.clone(), key, fire_index: fire.fire_index, attempt: fire.attempt });
+            state.ready.push_back(Item {
+                shard: ctx.clone(),
+                key,
+                fire_index: fire.fire_index,
+                attempt: fire.attempt,
+                ttr_ms: *ttr_ms,
+            });
         }
         topic.notify.notify_one();
     }
@@ -312,7 +327,7 @@ impl PullHub {
         let per_shard = by_shard.into_values().map(|items| async move {
             let ctx = items[0].shard.clone();
             let Some(epoch) = ctx.epoch() else { return (items, Vec::new(), None) };
-            let until_ms = ctx.clock.now_ms().saturating_add(ttr_ms);
+            let now_ms = ctx.clock.now_ms();
             let commands = items
                 .iter()
                 .map(|i| Command::Reserve {
@@ -320,16 +335,16 @@ impl PullHub {
                     fire_index: i.fire_index,
                     expected_attempt: i.attempt,
                     epoch,
-                    until_ms,
+                    until_ms: now_ms.saturating_add(item_ttr_ms(i, ttr_ms)),
                 })
                 .collect();
             let results = ctx.proposer.propose_all(commands).await;
-            (items, results, Some((epoch, until_ms)))
+            (items, results, Some((epoch, now_ms)))
         });
         let mut out = Vec::new();
         let mut retry = Vec::new();
         for (items, results, stamp) in futures::future::join_all(per_shard).await {
-            let Some((epoch, until_ms)) = stamp else { continue };
+            let Some((epoch, now_ms)) = stamp else { continue };
             let ctx = items[0].shard.clone();
             // Deposed (or lease lost) meanwhile, or the cluster map (and so the
             // cluster id every delivery carries) not learned yet: what was
@@ -342,8 +357,9 @@ impl PullHub {
                     Ok((_, CommandResult::Dispatch { record })) => {
                         let Some(fire) = &record.fire else { continue };
                         let mut delivery = json::delivery_proto(cluster_id, ctx.shard, &item.key, &record);
-                        delivery.reserved_until_ms = until_ms;
-                        if let Callback::Pull { topic } = &record.callback {
+                        let item_ttr_ms = item_ttr_ms(&item, ttr_ms);
+                        delivery.reserved_until_ms = now_ms.saturating_add(item_ttr_ms);
+                        if let Callback::Pull { topic, .. } = &record.callback {
                             delivery.topic = topic.clone();
                         }
                         reservations.insert(
@@ -351,7 +367,7 @@ impl PullHub {
                             Reservation {
                                 shard: ctx.shard,
                                 attempt: fire.attempt,
-                                expires: std::time::Instant::now() + Duration::from_millis(ttr_ms),
+                                expires: std::time::Instant::now() + Duration::from_millis(item_ttr_ms),
                                 consumer,
                             },
                         );
@@ -402,6 +418,9 @@ impl PullHub {
                         AttemptOutcome::Failed { error: reason.clone(), retry_at_ms: now.saturating_add(*delay_ms) }
                     }
                 },
+                // How long the consumer held it is the entry's finish minus
+                // its start.
+                report: AttemptReport::new(0, if nack.is_some() { "nack" } else { "ack" }, 0),
             })
             .collect();
         let results = ctx.proposer.propose_all(commands).await;

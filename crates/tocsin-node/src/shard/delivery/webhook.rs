@@ -3,8 +3,10 @@
 //! - Headers follow Standard Webhooks: `webhook-id` (the `fire_id`, stable
 //!   across retries), `webhook-timestamp`, and `webhook-signature` when the
 //!   namespace has a secret (the cluster map's, else the node's file's).
-//! - Any 2xx is delivered. 410 gives up. 429 and 503 retry no sooner than
-//!   `Retry-After`. 409 whose body mentions a stale epoch means a receiver
+//! - Any 2xx is delivered. 410 gives up, and disables the URL on this node
+//!   (`tocsin admin endpoint list`, `… enable` turns it back on). 429 and
+//!   503 retry no sooner than `Retry-After`, and hold every attempt to the
+//!   endpoint until then (`tocsin_core::breaker`). 409 whose body mentions a stale epoch means a receiver
 //!   saw a newer leader's token: this node re-checks its leadership and stops
 //!   dispatching for the shard if it lost it. Anything else (and timeouts)
 //!   retries with the timer's backoff. Redirects are not followed, and no
@@ -18,7 +20,11 @@
 //!   read or scan what the node can reach.
 //! - Requests to one endpoint (scheme, host, port) are bounded by a
 //!   semaphore and a queue limit; every delivery is its own task, so a slow
-//!   endpoint only delays its own deliveries.
+//!   endpoint only delays its own deliveries. A **circuit breaker** per
+//!   endpoint (`tocsin_core::breaker`) stops sending to one that failed five
+//!   times in a row: its attempts fail at once (class `circuit_open`, retry
+//!   no sooner than the breaker's next probe) instead of holding connection
+//!   slots for a timeout each.
 //! - **Every attempt has a deadline in replicated state** (`until_ms` of
 //!   its `InFlight` phase, where the timer is indexed). The request must be
 //!   sent and answered before it, with time left to record the outcome; an
@@ -42,7 +48,13 @@ use tocsin_contract::signing;
 use tocsin_core::Command;
 use tocsin_core::TimerKey;
 use tocsin_core::TimerRecord;
+use tocsin_core::breaker::Breaker;
+use tocsin_core::breaker::BreakerConfig;
+use tocsin_core::breaker::Disabled;
+use tocsin_core::breaker::Observed;
+use tocsin_core::breaker::Verdict;
 use tocsin_core::command::AttemptOutcome;
+use tocsin_core::command::AttemptReport;
 use tokio::sync::Semaphore;
 
 use crate::shard::proposer::ProposeError;
@@ -77,9 +89,46 @@ pub enum Outcome {
 /// past it, idle ones are forgotten (their state is only free permits).
 const MAX_ENDPOINTS: usize = 10_000;
 
+/// Callback URLs disabled by a `410` kept at once; past it, the oldest
+/// is enabled again (its next attempt finds out).
+const MAX_DISABLED: usize = 10_000;
+
 struct Endpoint {
     permits: Arc<Semaphore>,
     queued: AtomicUsize,
+    breaker: Mutex<Breaker>,
+}
+
+/// One endpoint as `tocsin admin endpoint list` shows it.
+#[derive(Clone, Debug)]
+pub struct EndpointView {
+    pub endpoint: String,
+    pub state: &'static str,
+    pub failures_in_a_row: u32,
+    pub held_until_ms: u64,
+    pub in_flight: usize,
+}
+
+/// Gives back a half-open breaker's probe slot if the probe is never sent
+/// or answered (the attempt was abandoned).
+struct ProbeSlot {
+    endpoint: Arc<Endpoint>,
+    armed: bool,
+}
+
+impl ProbeSlot {
+    fn observe(&mut self, cfg: &BreakerConfig, now_ms: u64, observed: Observed) {
+        let probe = std::mem::take(&mut self.armed);
+        self.endpoint.breaker.lock().expect("breaker lock").observe(cfg, now_ms, probe, observed);
+    }
+}
+
+impl Drop for ProbeSlot {
+    fn drop(&mut self) {
+        if self.armed {
+            self.endpoint.breaker.lock().expect("breaker lock").probe_dropped();
+        }
+    }
 }
 
 /// Sends webhook deliveries for every shard this node leads.
@@ -87,6 +136,9 @@ pub struct WebhookSender {
     client: reqwest::Client,
     config: DeliveryConfig,
     endpoints: Mutex<HashMap<String, Arc<Endpoint>>>,
+    breaker: BreakerConfig,
+    /// Callback URLs a `410 Gone` disabled, by URL.
+    disabled: Mutex<HashMap<String, Disabled>>,
     global: Arc<Semaphore>,
     /// Per namespace, the signing keys, current first: every delivery is
     /// signed with each (rotation). Replaced whole by [`Self::set_secrets`].
@@ -117,6 +169,11 @@ impl WebhookSender {
         Ok(WebhookSender {
             client,
             global: Arc::new(Semaphore::new(config.max_in_flight)),
+            breaker: BreakerConfig {
+                probe_timeout_ms: config.webhook_timeout_ms.saturating_add(1_000),
+                ..BreakerConfig::default()
+            },
+            disabled: Mutex::new(HashMap::new()),
             config,
             endpoints: Mutex::new(HashMap::new()),
             secrets: std::sync::RwLock::new(Arc::new(secrets)),
@@ -155,8 +212,13 @@ impl WebhookSender {
         let mut endpoints = self.endpoints.lock().expect("endpoints lock");
         if endpoints.len() >= MAX_ENDPOINTS && !endpoints.contains_key(&origin) {
             // Only this map holds an idle endpoint: nothing is in flight or
-            // queued for it, and a fresh one is the same.
-            endpoints.retain(|_, e| Arc::strong_count(e) > 1);
+            // queued for it, and a fresh one (a closed breaker) is the same.
+            endpoints.retain(|_, e| Arc::strong_count(e) > 1 || !e.breaker.lock().expect("breaker lock").is_fresh());
+            if endpoints.len() >= MAX_ENDPOINTS {
+                // Every one is busy or has a breaker to remember: forget idle
+                // ones anyway (a forgotten breaker starts closed).
+                endpoints.retain(|_, e| Arc::strong_count(e) > 1);
+            }
         }
         endpoints
             .entry(origin)
@@ -164,9 +226,74 @@ impl WebhookSender {
                 Arc::new(Endpoint {
                     permits: Arc::new(Semaphore::new(self.config.per_endpoint_concurrency)),
                     queued: AtomicUsize::new(0),
+                    breaker: Mutex::new(Breaker::default()),
                 })
             })
             .clone()
+    }
+
+    /// This node's endpoints with something to show (a breaker not closed,
+    /// or requests in flight), and the URLs a `410` disabled.
+    pub fn endpoints_view(&self, now_ms: u64) -> (Vec<EndpointView>, Vec<Disabled>) {
+        let endpoints = self.endpoints.lock().expect("endpoints lock");
+        let mut views: Vec<EndpointView> = endpoints
+            .iter()
+            .filter_map(|(origin, e)| {
+                let breaker = e.breaker.lock().expect("breaker lock");
+                let in_flight = self.config.per_endpoint_concurrency.saturating_sub(e.permits.available_permits());
+                if breaker.is_fresh() && in_flight == 0 {
+                    return None;
+                }
+                Some(EndpointView {
+                    endpoint: origin.clone(),
+                    state: breaker.state(now_ms).name(),
+                    failures_in_a_row: breaker.failures_in_a_row(),
+                    held_until_ms: breaker.held_until_ms(),
+                    in_flight,
+                })
+            })
+            .collect();
+        views.sort_by(|a, b| a.endpoint.cmp(&b.endpoint));
+        let mut disabled: Vec<Disabled> = self.disabled.lock().expect("disabled lock").values().cloned().collect();
+        disabled.sort_by(|a, b| a.url.cmp(&b.url));
+        (views, disabled)
+    }
+
+    /// Enables a URL a `410` disabled, and closes its endpoint's breaker.
+    /// Returns whether it was disabled.
+    pub fn enable(&self, url: &str) -> bool {
+        let was = self.disabled.lock().expect("disabled lock").remove(url).is_some();
+        metrics::gauge!("tocsin_webhook_disabled_urls").set(self.disabled.lock().expect("disabled lock").len() as f64);
+        if let Some(e) = self.endpoints.lock().expect("endpoints lock").get(&origin_of(url)) {
+            *e.breaker.lock().expect("breaker lock") = Breaker::default();
+        }
+        if was {
+            tracing::info!(url = %redact_url(url), "webhook URL enabled again");
+        }
+        was
+    }
+
+    fn disable(&self, url: &str, key: &TimerKey, now_ms: u64) {
+        let mut disabled = self.disabled.lock().expect("disabled lock");
+        if disabled.contains_key(url) {
+            return;
+        }
+        if disabled.len() >= MAX_DISABLED
+            && let Some(oldest) = disabled.values().min_by_key(|d| d.disabled_at_ms).map(|d| d.url.clone())
+        {
+            disabled.remove(&oldest);
+        }
+        disabled.insert(
+            url.to_string(),
+            Disabled { url: url.to_string(), disabled_at_ms: now_ms, by_timer: key.to_string() },
+        );
+        metrics::gauge!("tocsin_webhook_disabled_urls").set(disabled.len() as f64);
+        metrics::counter!("tocsin_webhook_urls_disabled_total").increment(1);
+        tracing::warn!(
+            url = %redact_url(url),
+            timer = %key,
+            "webhook URL disabled: it answered 410 Gone; its other timers are held until `tocsin admin endpoint enable`"
+        );
     }
 
     /// Delivers one attempt in its own task and records the outcome.
@@ -175,7 +302,7 @@ impl WebhookSender {
         tokio::spawn(async move {
             let Some(fire) = record.fire.clone() else { return };
             let tocsin_core::FirePhase::InFlight { until_ms, .. } = fire.phase else { return };
-            let Some(outcome) = this.attempt(&ctx, epoch, &key, &record, until_ms).await else { return };
+            let Some((outcome, report)) = this.attempt(&ctx, epoch, &key, &record, until_ms).await else { return };
             let now = ctx.clock.now_ms();
             let class = match &outcome {
                 Outcome::Delivered => {
@@ -209,8 +336,13 @@ impl WebhookSender {
                     }
                 }
             };
-            let command =
-                Command::AttemptResult { key, fire_index: fire.fire_index, attempt: fire.attempt, outcome: class };
+            let command = Command::AttemptResult {
+                key,
+                fire_index: fire.fire_index,
+                attempt: fire.attempt,
+                outcome: class,
+                report,
+            };
             record_outcome(&ctx, epoch, command).await;
         });
     }
@@ -225,20 +357,45 @@ impl WebhookSender {
         key: &TimerKey,
         record: &TimerRecord,
         until_ms: u64,
-    ) -> Option<Outcome> {
+    ) -> Option<(Outcome, AttemptReport)> {
         let tocsin_core::Callback::Webhook { url } = &record.callback else { return None };
         // An address literal never reaches the guarded resolver: check it
         // here (a timer created before the allowlist shrank, or before the
         // guard existed). Names are checked after resolution.
         if let Err(refused) = self.policy.check_url(url) {
             metrics::counter!("tocsin_webhook_responses_total", "class" => "egress_refused").increment(1);
-            return Some(Outcome::Retry { error: refused.to_string(), retry_after_ms: None });
+            let outcome = Outcome::Retry { error: refused.to_string(), retry_after_ms: None };
+            return Some((outcome, AttemptReport::new(0, "egress_refused", 0)));
+        }
+        if self.disabled.lock().expect("disabled lock").contains_key(url.as_str()) {
+            metrics::counter!("tocsin_webhook_responses_total", "class" => "url_disabled").increment(1);
+            let outcome = Outcome::Retry {
+                error: "the URL answered 410 Gone and is disabled (tocsin admin endpoint enable)".into(),
+                retry_after_ms: None,
+            };
+            return Some((outcome, AttemptReport::new(0, "url_disabled", 0)));
         }
         let endpoint = self.endpoint(url);
+        let now_ms = ctx.clock.now_ms();
+        let verdict = endpoint.breaker.lock().expect("breaker lock").check(&self.breaker, now_ms);
+        let mut slot = match verdict {
+            Verdict::Send { probe } => ProbeSlot { endpoint: endpoint.clone(), armed: probe },
+            Verdict::Hold { until_ms, why } => {
+                metrics::counter!("tocsin_webhook_responses_total", "class" => why.class()).increment(1);
+                let error = match why {
+                    tocsin_core::breaker::HoldReason::CircuitOpen => "endpoint circuit open: it failed repeatedly",
+                    tocsin_core::breaker::HoldReason::Throttled => "endpoint asked to slow down (429/503)",
+                };
+                let outcome =
+                    Outcome::Retry { error: error.into(), retry_after_ms: Some(until_ms.saturating_sub(now_ms)) };
+                return Some((outcome, AttemptReport::new(0, why.class(), 0)));
+            }
+        };
         if endpoint.queued.fetch_add(1, Ordering::SeqCst) >= self.config.per_endpoint_queue {
             endpoint.queued.fetch_sub(1, Ordering::SeqCst);
             metrics::counter!("tocsin_webhook_responses_total", "class" => "queue_full").increment(1);
-            return Some(Outcome::Retry { error: "endpoint queue full".into(), retry_after_ms: None });
+            let outcome = Outcome::Retry { error: "endpoint queue full".into(), retry_after_ms: None };
+            return Some((outcome, AttemptReport::new(0, "queue_full", 0)));
         }
         // Wait for a slot no longer than the attempt has: a busy (or dead)
         // endpoint then counts as a failed attempt and backs off, rather than
@@ -257,10 +414,11 @@ impl WebhookSender {
             Ok(None) => return None,
             Err(_) => {
                 metrics::counter!("tocsin_webhook_responses_total", "class" => "endpoint_busy").increment(1);
-                return Some(Outcome::Retry {
+                let outcome = Outcome::Retry {
                     error: "endpoint busy: no connection slot before the attempt's deadline".into(),
                     retry_after_ms: None,
-                });
+                };
+                return Some((outcome, AttemptReport::new(0, "endpoint_busy", 0)));
             }
         };
 
@@ -305,16 +463,41 @@ impl WebhookSender {
         }
         let started = std::time::Instant::now();
         let response = request.body(body).send().await;
-        metrics::histogram!("tocsin_webhook_request_seconds").record(started.elapsed().as_secs_f64());
-        let outcome = match response {
-            Ok(resp) => classify(resp).await,
+        let latency = started.elapsed();
+        metrics::histogram!("tocsin_webhook_request_seconds").record(latency.as_secs_f64());
+        let latency_ms = latency.as_millis().min(u128::from(u32::MAX)) as u32;
+        Some(match response {
+            Ok(resp) => {
+                let status = resp.status().as_u16();
+                let report = AttemptReport::new(status, status_class(status), latency_ms);
+                let outcome = classify(resp).await;
+                let observed = match (&outcome, status) {
+                    (Outcome::Delivered, _) => Observed::Success,
+                    (Outcome::Retry { retry_after_ms, .. }, 429 | 503) => {
+                        Observed::Throttled { retry_after_ms: *retry_after_ms }
+                    }
+                    (_, 500..=599) => Observed::Failure,
+                    _ => Observed::Answered,
+                };
+                let now_ms = ctx.clock.now_ms();
+                slot.observe(&self.breaker, now_ms, observed);
+                if status == 410 {
+                    self.disable(url, key, now_ms);
+                }
+                (outcome, report)
+            }
             Err(e) => {
                 let (class, error) = error_class(&e);
+                if class != "egress_refused" {
+                    slot.observe(&self.breaker, ctx.clock.now_ms(), Observed::Failure);
+                }
                 metrics::counter!("tocsin_webhook_responses_total", "class" => class).increment(1);
-                Outcome::Retry { error, retry_after_ms: None }
+                // The history's class: the kind of failure ("connection
+                // refused", "timeout", "dns"), never the target's words.
+                let history_class = if class == "error" { error.clone() } else { class.to_string() };
+                (Outcome::Retry { error, retry_after_ms: None }, AttemptReport::new(0, history_class, latency_ms))
             }
-        };
-        Some(outcome)
+        })
     }
 }
 
@@ -346,15 +529,19 @@ async fn record_outcome(ctx: &ShardCtx, epoch: u64, command: Command) {
     // The attempt's deadline starts the next attempt.
 }
 
-async fn classify(resp: reqwest::Response) -> Outcome {
-    let status = resp.status();
-    let class = match status.as_u16() {
+/// An HTTP status's class: `2xx` … `5xx`.
+fn status_class(status: u16) -> &'static str {
+    match status {
         200..=299 => "2xx",
         300..=399 => "3xx",
         400..=499 => "4xx",
         _ => "5xx",
-    };
-    metrics::counter!("tocsin_webhook_responses_total", "class" => class).increment(1);
+    }
+}
+
+async fn classify(resp: reqwest::Response) -> Outcome {
+    let status = resp.status();
+    metrics::counter!("tocsin_webhook_responses_total", "class" => status_class(status.as_u16())).increment(1);
     if status.is_success() {
         return Outcome::Delivered;
     }
@@ -419,6 +606,12 @@ fn error_class(e: &reqwest::Error) -> (&'static str, String) {
     } else {
         ("error", "request failed".into())
     }
+}
+
+/// A URL for the logs: its origin and path, without the query (which may
+/// carry a receiver's token).
+fn redact_url(url: &str) -> &str {
+    url.split(['?', '#']).next().unwrap_or(url)
 }
 
 /// `scheme://host:port` of a URL: the unit of per-endpoint limits.

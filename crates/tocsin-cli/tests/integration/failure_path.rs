@@ -1,0 +1,246 @@
+//! The webhook failure path against a real node and receivers that fail on
+//! cue: a `429` with `Retry-After` is honoured and holds the whole endpoint
+//! until then; a receiver that hangs costs its own timers a timeout and then
+//! opens its endpoint's circuit breaker, while another endpoint's timers
+//! fire on time; a `410 Gone` kills its timer (DEAD, reason GONE) and
+//! disables the URL until `tocsin admin endpoint enable`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tocsin_client::Client;
+use tocsin_client::v1 as pb;
+
+use crate::support::NodeProcess;
+use crate::support::Receiver;
+use crate::support::now_ms;
+use crate::support::percentiles;
+
+/// What the scripted receiver answers, and how late.
+#[derive(Clone, Copy)]
+struct Script {
+    status: u16,
+    retry_after_s: Option<u64>,
+    delay_ms: u64,
+}
+
+/// A receiver that answers as its script says and records when each
+/// timer's requests arrived.
+struct Scripted {
+    url: String,
+    script: Arc<Mutex<Script>>,
+    seen: Arc<Mutex<HashMap<String, Vec<u64>>>>,
+}
+
+impl Scripted {
+    async fn start(script: Script) -> Scripted {
+        let script = Arc::new(Mutex::new(script));
+        let seen: Arc<Mutex<HashMap<String, Vec<u64>>>> = Arc::default();
+        let (s, r) = (script.clone(), seen.clone());
+        let app = axum::Router::new().fallback(axum::routing::post(move |body: axum::body::Bytes| {
+            let (script, seen) = (s.clone(), r.clone());
+            async move {
+                let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+                let id = v["id"].as_str().unwrap().to_string();
+                seen.lock().unwrap().entry(id).or_default().push(now_ms());
+                let now = *script.lock().unwrap();
+                tokio::time::sleep(Duration::from_millis(now.delay_ms)).await;
+                let mut headers = axum::http::HeaderMap::new();
+                if let Some(s) = now.retry_after_s {
+                    headers.insert("retry-after", s.to_string().parse().unwrap());
+                }
+                (axum::http::StatusCode::from_u16(now.status).unwrap(), headers, "answer")
+            }
+        }));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/hook", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Scripted { url, script, seen }
+    }
+
+    fn set(&self, script: Script) {
+        *self.script.lock().unwrap() = script;
+    }
+
+    fn of(&self, id: &str) -> Vec<u64> {
+        self.seen.lock().unwrap().get(id).cloned().unwrap_or_default()
+    }
+
+    fn requests(&self) -> usize {
+        self.seen.lock().unwrap().values().map(Vec::len).sum()
+    }
+}
+
+const OK: Script = Script { status: 200, retry_after_s: None, delay_ms: 0 };
+
+async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let until = std::time::Instant::now() + limit;
+    while !done().await {
+        assert!(std::time::Instant::now() < until, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+fn timer(ns: &str, id: &str, delay_ms: u64, url: &str) -> pb::CreateTimerRequest {
+    let mut r = tocsin_client::webhook_timer(ns, id, delay_ms, url);
+    r.retry = Some(pb::RetryPolicy {
+        max_attempts: 200,
+        initial_backoff_ms: 1000,
+        max_backoff_ms: 2000,
+        ..Default::default()
+    });
+    r
+}
+
+async fn state_of(client: &Client, ns: &str, id: &str) -> i32 {
+    client.get_timer(ns, id).await.unwrap().state
+}
+
+/// `tocsin admin …` against `node`: its exit status and stdout.
+fn admin(node: &NodeProcess, args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tocsin"))
+        .arg("admin")
+        .args(args)
+        .args(["--addr", &node.grpc])
+        .output()
+        .expect("run tocsin");
+    (out.status.success(), String::from_utf8(out.stdout).unwrap() + &String::from_utf8_lossy(&out.stderr))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn receivers_that_fail_throttle_hang_and_go_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(dir.path(), &[("TOCSIN_DELIVERY__WEBHOOK_TIMEOUT_MS", "3000")]);
+    let client = Client::connect([node.grpc.clone()]).await.unwrap();
+    let delivered = pb::timer::State::Delivered as i32;
+
+    // Phase: 429 with Retry-After: 3 on the first requests. No request
+    // reaches the endpoint until the 3 s have passed, for the timers that
+    // got the 429 and for one created during the pause; then all deliver.
+    let throttling = Scripted::start(Script { status: 429, retry_after_s: Some(3), delay_ms: 0 }).await;
+    for i in 0..5 {
+        client.create_timer(timer("slow", &format!("t-{i}"), 100, &throttling.url)).await.unwrap();
+    }
+    wait_for("the first 429s", Duration::from_secs(10), async || throttling.requests() >= 5).await;
+    let first_429_ms = (0..5).map(|i| throttling.of(&format!("t-{i}"))[0]).max().unwrap();
+    throttling.set(OK);
+    client.create_timer(timer("slow", "during-pause", 0, &throttling.url)).await.unwrap();
+    let ids: Vec<String> = (0..5).map(|i| format!("t-{i}")).chain(["during-pause".to_string()]).collect();
+    wait_for("every throttled timer delivered", Duration::from_secs(20), async || {
+        for id in &ids {
+            if state_of(&client, "slow", id).await != delivered {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    for id in &ids {
+        let seen = throttling.of(id);
+        let after_pause: Vec<u64> = seen.iter().filter(|&&t| t > first_429_ms + 50).copied().collect();
+        assert!(
+            after_pause.iter().all(|&t| t + 100 >= first_429_ms + 3_000),
+            "{id}: a request {:?} ms after the 429 asked for 3 s",
+            after_pause.iter().map(|t| t - first_429_ms).collect::<Vec<_>>()
+        );
+    }
+    let t = client.get_timer_with("slow", "during-pause", true).await.unwrap();
+    let classes: Vec<&str> = t.attempts.iter().map(|a| a.class.as_str()).collect();
+    assert_eq!(classes.last(), Some(&"2xx"), "{classes:?}");
+    assert!(classes[..classes.len() - 1].iter().all(|c| *c == "throttled"), "{classes:?}");
+    let t = client.get_timer_with("slow", "t-0", true).await.unwrap();
+    assert_eq!((t.attempts[0].http_status, t.attempts[0].class.as_str()), (429, "4xx"));
+
+    // Phase: a receiver that hangs (20 s, past the node's 3 s timeout)
+    // beside a healthy one. The hanging endpoint's first attempts time out,
+    // then its breaker opens and the rest are held without a request; the
+    // healthy endpoint's timers, due over the same seconds, fire on time.
+    let hanging = Scripted::start(Script { status: 200, retry_after_s: None, delay_ms: 20_000 }).await;
+    let healthy = Receiver::start().await;
+    let base = now_ms();
+    for i in 0..40 {
+        client.create_timer(timer("hang", &format!("h-{i}"), 200 + i * 50, &hanging.url)).await.unwrap();
+        client.create_timer(timer("fine", &format!("f-{i}"), 200 + i * 50, &healthy.url)).await.unwrap();
+    }
+    wait_for("the healthy endpoint's 40 deliveries", Duration::from_secs(15), async || healthy.delivered().len() >= 40)
+        .await;
+    let lateness: Vec<u64> =
+        healthy.delivered().values().map(|seen| seen[0].recv_ms.saturating_sub(seen[0].fire_at_ms)).collect();
+    println!("healthy endpoint beside a hanging one: lateness ms {}", percentiles(lateness.clone()));
+    assert!(lateness.iter().all(|&l| l < 1_000), "lateness beside a hanging endpoint: {lateness:?}");
+    wait_for("the hanging endpoint's breaker to hold attempts", Duration::from_secs(20), async || {
+        let mut held = 0;
+        for i in 0..40 {
+            let t = client.get_timer_with("hang", &format!("h-{i}"), true).await.unwrap();
+            held += t.attempts.iter().filter(|a| a.class == "circuit_open").count();
+        }
+        held >= 10
+    })
+    .await;
+    let (mut timeouts, mut held, mut attempts) = (0, 0, 0);
+    for i in 0..40 {
+        let t = client.get_timer_with("hang", &format!("h-{i}"), true).await.unwrap();
+        timeouts += t.attempts.iter().filter(|a| a.class == "timeout").count();
+        held += t.attempts.iter().filter(|a| a.class == "circuit_open").count();
+        attempts += t.attempts.len();
+    }
+    // Every first attempt was sent (all 40 were under way before the first
+    // timed out); after that, only the breaker's probes.
+    let retries_sent = hanging.requests().saturating_sub(40);
+    println!(
+        "hanging endpoint: {attempts} attempts recorded, {timeouts} timed out, {held} held by the open breaker; \
+         {} requests sent, {retries_sent} of them retries (probes)",
+        hanging.requests()
+    );
+    assert!(timeouts >= 5, "{timeouts} timeouts");
+    assert!(retries_sent < held, "held attempts send no request: {retries_sent} retries sent, {held} held");
+    let (ok, out) = admin(&node, &["endpoint", "list"]);
+    assert!(ok && out.contains(hanging.url.trim_end_matches("/hook")), "{out}");
+
+    // Phase: the hanging receiver recovers: a probe closes the breaker and
+    // every timer is delivered, none DEAD.
+    hanging.set(OK);
+    wait_for("every hanging-endpoint timer delivered", Duration::from_secs(60), async || {
+        for i in 0..40 {
+            if state_of(&client, "hang", &format!("h-{i}")).await != delivered {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    println!("hanging endpoint recovered: drained {} ms after the first timer's fire", now_ms() - base - 200);
+
+    // Phase: 410 Gone kills its timer (DEAD, GONE) and disables the URL;
+    // another timer to it is held without a request; enabling the URL
+    // again delivers it.
+    let gone = Scripted::start(Script { status: 410, retry_after_s: None, delay_ms: 0 }).await;
+    client.create_timer(timer("gone", "g-1", 0, &gone.url)).await.unwrap();
+    let dead = pb::timer::State::Dead as i32;
+    wait_for("g-1 DEAD", Duration::from_secs(10), async || state_of(&client, "gone", "g-1").await == dead).await;
+    assert_eq!(client.get_timer("gone", "g-1").await.unwrap().fire.unwrap().dead_reason, "GONE");
+    gone.set(OK);
+    client.create_timer(timer("gone", "g-2", 0, &gone.url)).await.unwrap();
+    wait_for("g-2 held", Duration::from_secs(10), async || {
+        let t = client.get_timer_with("gone", "g-2", true).await.unwrap();
+        t.attempts.iter().any(|a| a.class == "url_disabled")
+    })
+    .await;
+    assert!(gone.of("g-2").is_empty(), "a disabled URL gets no request");
+    let (ok, out) = admin(&node, &["endpoint", "list", "--json"]);
+    assert!(ok, "{out}");
+    let json_start = out.find('[').unwrap();
+    let listed: serde_json::Value = serde_json::from_str(out[json_start..].trim()).unwrap();
+    assert_eq!(listed[0]["disabled"][0]["url"], gone.url.as_str(), "{listed}");
+    assert_eq!(listed[0]["disabled"][0]["by_timer"], "gone/g-1", "{listed}");
+    let (ok, out) = admin(&node, &["endpoint", "enable", &gone.url]);
+    assert!(ok && out.contains("enabled again on node(s)"), "{out}");
+    wait_for("g-2 delivered once enabled", Duration::from_secs(10), async || {
+        state_of(&client, "gone", "g-2").await == delivered
+    })
+    .await;
+    let (_, out) = admin(&node, &["endpoint", "enable", &gone.url]);
+    assert!(out.contains("was not disabled"), "{out}");
+}
