@@ -1,27 +1,27 @@
 //! `receiver-failing` (matrix row 18): endpoints that fail in every way a
 //! webhook receiver does, next to a healthy one.
 //!
-//! The sink listens on two ports. Port 9000 carries the failing paths, each
-//! with `--failing-timers` timers due within five seconds: `/status/500`
-//! (the server's default retry policy), `/status/429?retry_after=2` and
+//! The sink listens on several ports, one per failing behaviour (the
+//! node's circuit breaker and slow-down are per scheme, host and port, so
+//! each is an endpoint of its own): 9000 `/status/500` (the server's
+//! default retry policy), 9002 `/status/429?retry_after=2` and 9003
 //! `/status/503?retry_after=3` (a policy whose own backoff, 0.1–1 s, is
-//! shorter than `Retry-After`, so only honouring the header spaces the
-//! retries that far), `/status/410`, and `/slow/20000` (answers after 20 s;
-//! the node's webhook timeout is 10 s). The steady load posts to port 9001,
-//! another endpoint for the node (its per-endpoint limits are per scheme,
-//! host and port); a small load to `/hook` on port 9000 shows what a
-//! healthy path sharing the failing endpoint sees (reported, not bounded).
-//! After 40 s every failing path but 410 is switched to healthy at run time.
+//! shorter than `Retry-After`), 9004 `/status/410`, and 9005 `/slow/20000`
+//! (answers after 20 s; the node's webhook timeout is 10 s), each with
+//! `--failing-timers` timers due within five seconds. The steady load posts
+//! to port 9001; a small load to `/hook` on port 9000 shows what a healthy
+//! path sharing the 500 endpoint sees (reported, not bounded). After 40 s
+//! every failing path but 410 is switched to healthy at run time.
 //!
 //! Checks: the healthy endpoint's fault-window lateness p99 < 1 s (the
 //! lateness figures cover its `s-…` timers only); 429 and 503 retries
-//! arrive no sooner than their `Retry-After`; 410 timers sent before the
-//! first 410 came back got exactly one attempt and are DEAD, the rest are
-//! held unsent (the node disabled the URL); each 500 timer's retry gaps grow (every gap is
-//! longer than the one two before it: the backoff doubles and its jitter
-//! spans half of each step); every slow timer was attempted again, each
-//! attempt at least the 10 s timeout after the one before; and once the
-//! paths recover, every timer but the 410 ones is delivered (I1).
+//! arrive no sooner than their `Retry-After`; a 410 timer is sent once and
+//! is DEAD (GONE), or, once the node disabled the URL, held unsent; the 500
+//! endpoint's breaker holds attempts and the attempt gaps (from the timers'
+//! histories) grow; every slow timer's first attempt timed out and it was
+//! attempted again, no request sooner than the timeout after the previous;
+//! and once the paths recover, every timer but the 410 ones is delivered
+//! (I1).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -54,9 +54,12 @@ const FAILING_FOR: Duration = Duration::from_secs(40);
 /// The node's default webhook timeout.
 const WEBHOOK_TIMEOUT_MS: u64 = 10_000;
 
-/// One failing endpoint: id tag, path, retry policy.
+/// One failing endpoint: id tag, its own port (an endpoint of its own for
+/// the node's breaker and slow-down, which are per scheme, host and port),
+/// path, retry policy.
 struct Endpoint {
     tag: &'static str,
+    port: u16,
     path: &'static str,
     retry: Option<pb::RetryPolicy>,
 }
@@ -65,11 +68,11 @@ fn endpoints() -> Vec<Endpoint> {
     let short =
         Some(pb::RetryPolicy { max_attempts: 50, initial_backoff_ms: 200, max_backoff_ms: 1_000, give_up_after_ms: 0 });
     vec![
-        Endpoint { tag: "f500", path: "/status/500", retry: None },
-        Endpoint { tag: "f429", path: "/status/429?retry_after=2", retry: short },
-        Endpoint { tag: "f503", path: "/status/503?retry_after=3", retry: short },
-        Endpoint { tag: "f410", path: "/status/410", retry: None },
-        Endpoint { tag: "fslow", path: "/slow/20000", retry: None },
+        Endpoint { tag: "f500", port: SINK_PORT, path: "/status/500", retry: None },
+        Endpoint { tag: "f429", port: 9002, path: "/status/429?retry_after=2", retry: short },
+        Endpoint { tag: "f503", port: 9003, path: "/status/503?retry_after=3", retry: short },
+        Endpoint { tag: "f410", port: 9004, path: "/status/410", retry: None },
+        Endpoint { tag: "fslow", port: 9005, path: "/slow/20000", retry: None },
     ]
 }
 
@@ -85,7 +88,9 @@ impl Scenario for ReceiverFailing {
     }
     fn setup_options(&self, _args: &crate::Args) -> Setup {
         let mut setup = Setup::default();
-        setup.nodes.sink_extra_ports = vec![HEALTHY_PORT];
+        setup.nodes.sink_extra_ports = std::iter::once(HEALTHY_PORT)
+            .chain(endpoints().iter().map(|e| e.port).filter(|p| *p != SINK_PORT))
+            .collect();
         setup
     }
     fn setup<'a>(&'a self, run: &'a mut Run) -> BoxFuture<'a, anyhow::Result<()>> {
@@ -98,10 +103,11 @@ impl Scenario for ReceiverFailing {
                 ..Load::steady(&run.cluster.sink_url, 0, run.args.cancel_fraction)
             });
             run.lateness_prefixes = vec!["s-".into()];
-            // A 500 timer refused just before the paths recover waits its
-            // next default-policy gap (up to 64 s after its seventh attempt)
-            // before it is delivered.
-            run.drain_limit = Duration::from_secs(60);
+            // A 500 or slow timer refused (or held by its endpoint's open
+            // breaker) just before the paths recover waits its next
+            // default-policy gap (up to 64 s after its seventh attempt, 128 s
+            // after its eighth; held attempts count) before it is delivered.
+            run.drain_limit = Duration::from_secs(150);
             Ok(())
         })
     }
@@ -114,7 +120,7 @@ impl Scenario for ReceiverFailing {
             let base = now_ms() + 2_000;
             let n = run.args.failing_timers.max(1);
             for e in endpoints() {
-                let url = format!("http://{ip}:{SINK_PORT}{}", e.path);
+                let url = format!("http://{ip}:{}{}", e.port, e.path);
                 let reqs: Vec<pb::CreateTimerRequest> = (0..n)
                     .map(|i| driver::request(NAMESPACE, format!("{}-{i}", e.tag), base + i * 5_000 / n, &url, e.retry))
                     .collect();
@@ -198,7 +204,8 @@ impl Scenario for ReceiverFailing {
                 let dead = timer.state == pb::timer::State::Dead as i32;
                 let reason = timer.fire.as_ref().map_or("", |f| f.dead_reason.as_str());
                 match sent {
-                    1 if dead && attempts == 1 && reason == "GONE" => dead_once += 1,
+                    // Sent once; earlier attempts may have been held unsent.
+                    1 if dead && attempts >= 1 && reason == "GONE" => dead_once += 1,
                     0 if !dead
                         && timer.state != pb::timer::State::Delivered as i32
                         && timer.attempts.iter().any(|a| a.class == "url_disabled") =>
@@ -219,58 +226,77 @@ impl Scenario for ReceiverFailing {
                     &wrong[..wrong.len().min(5)]
                 ));
             }
-            // 500: growing gaps while refused.
-            let mut shrinking = 0;
-            let mut by_attempt: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
-            for arrivals in of("f500") {
-                let refused: Vec<&check::Delivery> =
-                    arrivals.iter().filter(|d| d.verdict == tocsin_contract::Verdict::Refused).collect();
-                let gaps: Vec<u64> = refused.windows(2).map(|p| p[1].recv_ms.saturating_sub(p[0].recv_ms)).collect();
-                for (i, g) in gaps.iter().enumerate() {
-                    by_attempt.entry(i as u32 + 1).or_default().push(*g);
-                }
-                if gaps.windows(3).any(|w| w[2] <= w[0]) {
-                    shrinking += 1;
-                }
+            // 500: the endpoint's breaker opens, so most retries are held
+            // unsent (class circuit_open) and the sink sees a fraction of
+            // the attempts; the attempts' gaps (sent or held, from the
+            // timers' histories) grow with the backoff.
+            let (held, sent, gaps_by_attempt) = history(run, "f500", run.args.failing_timers).await?;
+            let medians: Vec<u64> =
+                gaps_by_attempt.values().map(|g| check::Percentiles::of(g.clone()).p50_ms).collect();
+            let requests: usize = of("f500").iter().map(|a| a.len()).sum();
+            println!(
+                "    f500: {sent} attempts sent, {held} held by the open breaker ({requests} requests at the sink); median gap after attempt 1, 2, …: {medians:?} ms"
+            );
+            if held == 0 {
+                failures.push("receiver-failing: the 500 endpoint's breaker never held an attempt".into());
             }
-            let medians: Vec<String> = by_attempt
-                .iter()
-                .map(|(a, g)| format!("{a}→{}: {} ms", a + 1, check::Percentiles::of(g.clone()).p50_ms))
-                .collect();
-            println!("    f500: median gap after each refused attempt: {}", medians.join(", "));
-            if by_attempt.len() < 3 {
-                failures.push("receiver-failing: 500 timers were not retried often enough to see the backoff".into());
+            if medians.len() < 3 || medians.windows(2).take(3).any(|w| w[1] < w[0]) {
+                failures.push(format!("receiver-failing: 500 timers' attempt gaps did not grow: {medians:?}"));
             }
-            if shrinking > 0 {
-                failures.push(format!("receiver-failing: {shrinking} 500 timers' retry gaps did not grow"));
-            }
-            // Slow: attempted again, each at least the timeout after the last.
-            let mut once = 0;
+            // Slow: every timer's first attempt timed out and it was attempted
+            // again (held by the breaker, or sent); no request for a timer
+            // came sooner than the timeout after its previous one.
             let mut too_soon = 0;
-            let mut attempts = Vec::new();
             for arrivals in of("fslow") {
                 let slow: Vec<&check::Delivery> = arrivals
                     .iter()
                     .filter(|d| d.verdict == tocsin_contract::Verdict::Slow && d.recv_ms < recovered_ms)
                     .collect();
-                attempts.push(slow.len() as u64);
-                if slow.len() < 2 {
-                    once += 1;
-                }
                 too_soon +=
                     slow.windows(2).filter(|p| p[1].recv_ms.saturating_sub(p[0].recv_ms) < WEBHOOK_TIMEOUT_MS).count();
             }
-            let a = check::Percentiles::of(attempts);
+            let mut not_again = 0;
+            let mut timed_out = 0;
+            for i in 0..run.args.failing_timers.max(1) {
+                let t = run.client().get_timer_with(NAMESPACE, &format!("fslow-{i}"), true).await?;
+                if t.attempts.first().is_some_and(|a| a.class == "timeout") {
+                    timed_out += 1;
+                }
+                if t.attempts.len() < 2 && t.state != pb::timer::State::Delivered as i32 {
+                    not_again += 1;
+                }
+            }
             println!(
-                "    fslow: attempts while slow p50 {} max {} (n={}); {once} attempted only once; {too_soon} retries sooner than the 10 s timeout",
-                a.p50_ms, a.max_ms, a.n
+                "    fslow: {timed_out} first attempts timed out; {not_again} never attempted again; {too_soon} requests sooner than the 10 s timeout after the previous"
             );
-            if once > 0 || too_soon > 0 {
+            if not_again > 0 || too_soon > 0 || timed_out == 0 {
                 failures.push(format!(
-                    "receiver-failing: slow attempts must time out and be retried ({once} timers attempted once, {too_soon} retries too soon)"
+                    "receiver-failing: slow attempts must time out and be attempted again ({timed_out} timed out, {not_again} not attempted again, {too_soon} too soon)"
                 ));
             }
             Ok(failures)
         })
     }
+}
+
+/// From the histories of `tag`'s timers: attempts held by the breaker,
+/// attempts sent, and the gaps between consecutive attempts' starts by the
+/// earlier attempt's number (up to attempt 6).
+async fn history(run: &Run, tag: &str, n: u64) -> anyhow::Result<(usize, usize, BTreeMap<u32, Vec<u64>>)> {
+    let (mut held, mut sent) = (0, 0);
+    let mut gaps: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
+    for i in 0..n.max(1) {
+        let t = run.client().get_timer_with(NAMESPACE, &format!("{tag}-{i}"), true).await?;
+        for a in &t.attempts {
+            if a.class == "circuit_open" || a.class == "throttled" {
+                held += 1;
+            } else {
+                sent += 1;
+            }
+        }
+        for pair in t.attempts.windows(2).filter(|p| p[0].fire_id == p[1].fire_id && p[0].attempt <= 6) {
+            gaps.entry(pair[0].attempt).or_default().push(pair[1].started_at_ms.saturating_sub(pair[0].started_at_ms));
+        }
+    }
+    Ok((held, sent, gaps))
 }

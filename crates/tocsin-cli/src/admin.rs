@@ -73,6 +73,12 @@ enum EndpointCommand {
     },
     /// Deliver to a URL a 410 Gone disabled again, on every node.
     Enable { url: String },
+    /// Hold every delivery to an endpoint (a webhook URL or its origin)
+    /// until `resume`, cluster-wide: attempts are not sent, and retried with
+    /// their backoff.
+    Pause { endpoint: String },
+    /// Resume a paused endpoint's deliveries.
+    Resume { endpoint: String },
 }
 
 #[derive(clap::Subcommand)]
@@ -109,6 +115,17 @@ enum NamespaceCommand {
     ClearSecret { namespace: String },
     /// Every namespace with secrets in the map, by fingerprint.
     Secrets {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop a namespace's firing: its due timers wait (nothing fires or is
+    /// retried) until `resume`, then fire late, paced as catch-up (or are
+    /// skipped, per their late-fire policy).
+    Pause { namespace: String },
+    /// Resume a paused namespace's firing.
+    Resume { namespace: String },
+    /// Every paused namespace and endpoint.
+    Paused {
         #[arg(long)]
         json: bool,
     },
@@ -307,10 +324,34 @@ async fn token(addrs: Vec<String>, cmd: TokenCommand) -> anyhow::Result<ExitCode
     Ok(ExitCode::SUCCESS)
 }
 
+/// Pauses or resumes a namespace or an endpoint; prints what changed.
+async fn set_paused(
+    client: &tocsin_client::Client,
+    namespace: String,
+    endpoint: String,
+    paused: bool,
+) -> anyhow::Result<ExitCode> {
+    let what = if namespace.is_empty() { format!("endpoint {endpoint}") } else { format!("namespace {namespace}") };
+    let req = tocsin_client::v1::SetPausedRequest { namespace, endpoint, paused };
+    let resp = client
+        .set_paused(req)
+        .await
+        .with_context(|| format!("{} {what}", if paused { "pausing" } else { "resuming" }))?;
+    let state = if paused { "paused" } else { "resumed" };
+    if resp.changed {
+        println!("{what} {state} (cluster map epoch {})", resp.map_epoch);
+    } else {
+        println!("{what} was already {state}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 async fn endpoint(addrs: Vec<String>, cmd: EndpointCommand) -> anyhow::Result<ExitCode> {
     let client = crate::connect(addrs).await.context("connecting to the cluster")?;
     let mut unanswered = 0;
     match cmd {
+        EndpointCommand::Pause { endpoint } => return set_paused(&client, String::new(), endpoint, true).await,
+        EndpointCommand::Resume { endpoint } => return set_paused(&client, String::new(), endpoint, false).await,
         EndpointCommand::List { json } => {
             let answers = client.endpoints_on_every_node().await.context("listing endpoints")?;
             let mut rows = Vec::new();
@@ -403,6 +444,29 @@ async fn namespace(addrs: Vec<String>, cmd: NamespaceCommand) -> anyhow::Result<
         secret,
     };
     match cmd {
+        NamespaceCommand::Pause { namespace } => return set_paused(&client, namespace, String::new(), true).await,
+        NamespaceCommand::Resume { namespace } => return set_paused(&client, namespace, String::new(), false).await,
+        NamespaceCommand::Paused { json } => {
+            let list = client.list_paused().await.context("listing pauses")?;
+            if json {
+                let rows = |v: &[tocsin_client::v1::PausedInfo]| -> Vec<serde_json::Value> {
+                    v.iter().map(|p| serde_json::json!({"name": p.name, "paused_at_ms": p.paused_at_ms})).collect()
+                };
+                let out = serde_json::json!({"namespaces": rows(&list.namespaces), "endpoints": rows(&list.endpoints)});
+                println!("{}", serde_json::to_string_pretty(&out)?);
+            } else {
+                if list.namespaces.is_empty() && list.endpoints.is_empty() {
+                    println!("nothing is paused");
+                }
+                for p in &list.namespaces {
+                    println!("namespace {:<40} paused at {} ms", p.name, p.paused_at_ms);
+                }
+                for p in &list.endpoints {
+                    println!("endpoint  {:<40} paused at {} ms", p.name, p.paused_at_ms);
+                }
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
         NamespaceCommand::SetQuota { namespace, max_pending, creates_per_sec } => {
             if max_pending == 0 && creates_per_sec == 0 {
                 anyhow::bail!("give --max-pending or --creates-per-sec (or use clear-quota)");

@@ -412,6 +412,24 @@ impl Client {
         .await
     }
 
+    /// Pauses (`paused`) or resumes a namespace's firing or an endpoint's
+    /// deliveries (needs `admin`): give one of `namespace` and `endpoint`.
+    pub async fn set_paused(&self, req: pb::SetPausedRequest) -> Result<pb::SetPausedResponse, ClientError> {
+        self.call_channel(None, |channel| {
+            let req = req.clone();
+            async move { AdminServiceClient::new(channel).set_paused(req).await }
+        })
+        .await
+    }
+
+    /// Every paused namespace and endpoint (needs `admin`).
+    pub async fn list_paused(&self) -> Result<pb::ListPausedResponse, ClientError> {
+        self.call_channel(None, |channel| async move {
+            AdminServiceClient::new(channel).list_paused(pb::ListPausedRequest {}).await
+        })
+        .await
+    }
+
     /// Sets `namespace`'s quota (needs `admin`); both limits 0 clear it.
     pub async fn set_namespace_quota(
         &self,

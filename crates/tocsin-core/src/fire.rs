@@ -206,6 +206,8 @@ pub struct FireStats {
     pub retries_deferred: u64,
     /// Late first fires that waited for their namespace's catch-up budget.
     pub catch_up_deferred: u64,
+    /// Due timers of paused namespaces let go (read again on resume).
+    pub paused_let_go: u64,
 }
 
 /// The fire loop's state: see the module documentation.
@@ -224,6 +226,8 @@ pub struct FireCore {
     /// Start the loader again from the beginning once the outstanding page
     /// is in (changes were lost).
     rescan: bool,
+    /// Namespaces whose firing is paused (the cluster map's).
+    paused: std::collections::HashSet<String>,
     stats: FireStats,
     /// The largest `now_ms` polled with. The node follows a confirmed
     /// backward step of its wall clock, but the wheel has already passed the
@@ -246,6 +250,7 @@ impl FireCore {
             deferred: HashMap::new(),
             loading: None,
             rescan: false,
+            paused: std::collections::HashSet::new(),
             stats: FireStats::default(),
             clock_ms: now_ms,
         }
@@ -415,6 +420,19 @@ impl FireCore {
 
     /// Changes from the applied log were lost: load the index again from the
     /// start (what is tracked stays; pages refresh it).
+    /// The namespaces whose firing is paused now. A paused namespace's
+    /// timers are let go when their time comes (they stay in the index, so
+    /// nothing of them lives only here); when one is resumed, the loader
+    /// reads the index again from the start and finds them, late, paced
+    /// as catch-up.
+    pub fn set_paused(&mut self, paused: std::collections::HashSet<String>) {
+        let resumed = self.paused.iter().any(|ns| !paused.contains(ns));
+        self.paused = paused;
+        if resumed {
+            self.on_overflow();
+        }
+    }
+
     pub fn on_overflow(&mut self) {
         self.stats.rescans += 1;
         if self.loading.is_some() {
@@ -459,6 +477,11 @@ impl FireCore {
             // entry is in the wheel before its time only when adopted from
             // an earlier leader.
             debug_assert!(due.at_ms <= now_ms || due.adopt_now(self.epoch));
+            if self.paused.contains(&key.namespace) {
+                self.tracked.remove(&key);
+                self.stats.paused_let_go += 1;
+                continue;
+            }
             let deferred = self.pace_of(&due, now_ms).filter(|&pace| !self.take_token(pace, &key.namespace, now_ms));
             let t = self.tracked.get_mut(&key).expect("tracked");
             if let Some(pace) = deferred {
@@ -542,6 +565,15 @@ impl FireCore {
     fn release_deferred(&mut self, now_ms: u64, budget: &mut usize, fires: &mut Vec<(TimerKey, u64)>) {
         let namespaces: Vec<(Pace, String)> = self.deferred.keys().cloned().collect();
         for ns in namespaces {
+            if self.paused.contains(&ns.1) {
+                for key in self.deferred.remove(&ns).unwrap_or_default() {
+                    if matches!(self.tracked.get(&key).map(|t| t.state), Some(State::Deferred { .. })) {
+                        self.tracked.remove(&key);
+                        self.stats.paused_let_go += 1;
+                    }
+                }
+                continue;
+            }
             while *budget > 0 {
                 let Some(key) = self.deferred.get(&ns).and_then(|q| q.front().cloned()) else { break };
                 // Skip what moved on while it waited.

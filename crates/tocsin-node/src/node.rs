@@ -368,7 +368,10 @@ fn shared_state(
     let authority = crate::auth::Authority::new(config)?;
     let map = MapCache::default();
     let signer = dispatcher.webhook.clone();
-    map.on_learn(move |map| signer.set_map_secrets(map));
+    map.on_learn(move |map| {
+        signer.set_map_secrets(map);
+        signer.paused().learn(map);
+    });
     Ok(Arc::new(NodeState {
         config: config.clone(),
         node_id,

@@ -46,7 +46,9 @@ use crate::keys;
 /// `replace_finished`, and a cancelled timer may carry fire facts
 /// (cancelled while its delivery went on). 6: a timer carries its attempt
 /// history and a dead timer its reason, an attempt result carries what the
-/// node saw of it, a pull callback its own time-to-run, and `Redrive`.
+/// node saw of it, a pull callback its own time-to-run, and `Redrive`; a
+/// timer its late-fire policy (`skip_if_late_ms`, state `SKIPPED`), and the
+/// cluster map its paused namespaces and endpoints.
 pub const STORE_FORMAT: u32 = 6;
 
 /// Most write requests queued for the writer before senders wait.

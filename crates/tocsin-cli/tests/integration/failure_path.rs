@@ -3,7 +3,9 @@
 //! until then; a receiver that hangs costs its own timers a timeout and then
 //! opens its endpoint's circuit breaker, while another endpoint's timers
 //! fire on time; a `410 Gone` kills its timer (DEAD, reason GONE) and
-//! disables the URL until `tocsin admin endpoint enable`.
+//! disables the URL until `tocsin admin endpoint enable`. Pausing a
+//! namespace stops its fires until resumed; pausing an endpoint holds its
+//! deliveries.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -243,4 +245,78 @@ async fn receivers_that_fail_throttle_hang_and_go_away() {
     .await;
     let (_, out) = admin(&node, &["endpoint", "enable", &gone.url]);
     assert!(out.contains("was not disabled"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pausing_a_namespace_and_an_endpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = NodeProcess::start(dir.path(), &[]);
+    let client = Client::connect([node.grpc.clone()]).await.unwrap();
+    let receiver = Receiver::start().await;
+    let other = Receiver::start().await;
+    let delivered = pb::timer::State::Delivered as i32;
+
+    // Phase: a paused namespace fires nothing; another fires as usual.
+    let (ok, out) = admin(&node, &["namespace", "pause", "billing"]);
+    assert!(ok && out.contains("namespace billing paused"), "{out}");
+    let (_, out) = admin(&node, &["namespace", "pause", "billing"]);
+    assert!(out.contains("already paused"), "{out}");
+    for i in 0..5 {
+        client.create_timer(timer("billing", &format!("b-{i}"), 200, &receiver.url)).await.unwrap();
+        client.create_timer(timer("orders", &format!("o-{i}"), 200, &receiver.url)).await.unwrap();
+    }
+    let mut strict = timer("billing", "b-strict", 200, &receiver.url);
+    strict.skip_if_late_ms = 1_000;
+    client.create_timer(strict).await.unwrap();
+    wait_for("the other namespace's timers", Duration::from_secs(10), async || {
+        (0..5).all(|i| !receiver.of(&format!("o-{i}")).is_empty())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!((0..5).all(|i| receiver.of(&format!("b-{i}")).is_empty()), "a paused namespace fired");
+    assert_eq!(state_of(&client, "billing", "b-0").await, pb::timer::State::Scheduled as i32);
+    let (ok, out) = admin(&node, &["namespace", "paused"]);
+    assert!(ok && out.contains("namespace billing"), "{out}");
+
+    // Phase: resumed: every timer fires, late (late_by_ms says by how
+    // much), and the one whose policy skips fires over a second late is
+    // SKIPPED.
+    let (ok, out) = admin(&node, &["namespace", "resume", "billing"]);
+    assert!(ok && out.contains("resumed"), "{out}");
+    wait_for("the paused namespace's timers after resume", Duration::from_secs(10), async || {
+        (0..5).all(|i| !receiver.of(&format!("b-{i}")).is_empty())
+    })
+    .await;
+    for i in 0..5 {
+        let seen = &receiver.of(&format!("b-{i}"))[0];
+        assert!(seen.late_by_ms >= 1_500, "b-{i} late by {} ms only", seen.late_by_ms);
+    }
+    wait_for("b-strict SKIPPED", Duration::from_secs(10), async || {
+        state_of(&client, "billing", "b-strict").await == pb::timer::State::Skipped as i32
+    })
+    .await;
+    assert!(receiver.of("b-strict").is_empty());
+
+    // Phase: a paused endpoint gets no request (its attempts are held,
+    // class endpoint_paused); another endpoint is unaffected; on resume
+    // the held timer is delivered.
+    let (ok, out) = admin(&node, &["endpoint", "pause", &other.url]);
+    assert!(ok && out.contains("paused"), "{out}");
+    client.create_timer(timer("orders", "to-paused", 0, &other.url)).await.unwrap();
+    client.create_timer(timer("orders", "to-live", 0, &receiver.url)).await.unwrap();
+    wait_for("to-paused held", Duration::from_secs(10), async || {
+        let t = client.get_timer_with("orders", "to-paused", true).await.unwrap();
+        t.attempts.iter().any(|a| a.class == "endpoint_paused")
+    })
+    .await;
+    assert!(other.of("to-paused").is_empty());
+    wait_for("to-live delivered", Duration::from_secs(10), async || !receiver.of("to-live").is_empty()).await;
+    let (ok, out) = admin(&node, &["endpoint", "resume", &other.url]);
+    assert!(ok && out.contains("resumed"), "{out}");
+    wait_for("to-paused delivered after resume", Duration::from_secs(10), async || {
+        state_of(&client, "orders", "to-paused").await == delivered
+    })
+    .await;
+    let (_, out) = admin(&node, &["namespace", "paused"]);
+    assert!(out.contains("nothing is paused"), "{out}");
 }

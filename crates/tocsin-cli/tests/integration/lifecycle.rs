@@ -156,8 +156,8 @@ async fn dead_timers_keep_their_attempts_and_are_redriven() {
 
     // Phase: three timers give up against a 500 after two attempts, one
     // against a 410 after one.
-    for i in 0..3 {
-        let mut r = tocsin_client::webhook_timer("ops", &format!("retry-{i}"), 100, &failing[i].url);
+    for (i, receiver) in failing.iter().enumerate() {
+        let mut r = tocsin_client::webhook_timer("ops", &format!("retry-{i}"), 100, &receiver.url);
         r.retry = Some(pb::RetryPolicy { max_attempts: 2, initial_backoff_ms: 1000, ..Default::default() });
         client.create_timer(r).await.unwrap();
     }

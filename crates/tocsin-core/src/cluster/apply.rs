@@ -20,6 +20,7 @@ use super::NamespaceQuota;
 use super::NamespaceSecrets;
 use super::NewNode;
 use super::NodeStatus;
+use super::PauseTarget;
 use super::Placement;
 use super::SECRET_BYTES;
 use super::SecretChange;
@@ -42,6 +43,7 @@ pub fn apply_cluster(map: &mut ClusterMap, cmd: &ClusterCommand, now_ms: u64) ->
         ClusterCommand::Token(change) => change_tokens(map, change, now_ms),
         ClusterCommand::Quota { namespace, quota } => change_quota(map, namespace, *quota, now_ms),
         ClusterCommand::Secret { namespace, change } => change_secret(map, namespace, change, now_ms),
+        ClusterCommand::Pause { target, paused } => change_pause(map, target, *paused, now_ms),
     };
     Ok(match result {
         Ok(Some(next)) => {
@@ -116,6 +118,48 @@ fn change_quota(
             Ok(next.quotas.insert(namespace.to_string(), q) != Some(q))
         }
         None => Ok(next.quotas.remove(namespace).is_some()),
+    })
+}
+
+/// A namespace's firing, or an endpoint's deliveries, paused or resumed.
+/// Pausing what is paused (or resuming what is not) changes nothing.
+fn change_pause(
+    map: &ClusterMap,
+    target: &PauseTarget,
+    paused: bool,
+    now_ms: u64,
+) -> Result<Option<ClusterMap>, MapError> {
+    let name = match target {
+        PauseTarget::Namespace(ns) => {
+            crate::validate::check_namespace(ns).map_err(|e| MapError::Invalid(e.to_string()))?;
+            ns
+        }
+        PauseTarget::Endpoint(origin) => {
+            if !super::is_origin(origin) {
+                return Err(MapError::Invalid(format!(
+                    "endpoint {origin:?} is not scheme://host[:port] (http or https, at most {} bytes)",
+                    super::MAX_ENDPOINT_BYTES
+                )));
+            }
+            origin
+        }
+    };
+    change_settings(map, now_ms, |next| {
+        let set = match target {
+            PauseTarget::Namespace(_) => &mut next.paused_namespaces,
+            PauseTarget::Endpoint(_) => &mut next.paused_endpoints,
+        };
+        if !paused {
+            return Ok(set.remove(name).is_some());
+        }
+        if set.contains_key(name) {
+            return Ok(false);
+        }
+        if set.len() >= MAX_NAMESPACE_SETTINGS {
+            return Err(MapError::Invalid(format!("at most {MAX_NAMESPACE_SETTINGS} paused at once")));
+        }
+        set.insert(name.clone(), now_ms);
+        Ok(true)
     })
 }
 

@@ -136,6 +136,12 @@ pub struct ClusterMap {
     /// node's configuration file, so a rotation reaches every node at once
     /// without a restart.
     pub secrets: BTreeMap<String, NamespaceSecrets>,
+    /// Namespaces whose firing is paused, with when: their due timers
+    /// wait in the fire-time index until resumed.
+    pub paused_namespaces: BTreeMap<String, u64>,
+    /// Webhook endpoints (`scheme://host:port`) whose deliveries are
+    /// paused, with when: attempts to them are held, not sent.
+    pub paused_endpoints: BTreeMap<String, u64>,
 }
 
 /// Most namespaces with a quota, and with a secret.
@@ -246,6 +252,37 @@ pub enum ClusterCommand {
         namespace: String,
         change: SecretChange,
     },
+    /// Pauses (`paused: true`) or resumes a namespace's firing or a webhook
+    /// endpoint's deliveries.
+    Pause {
+        target: PauseTarget,
+        paused: bool,
+    },
+}
+
+/// What a [`ClusterCommand::Pause`] pauses.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PauseTarget {
+    /// Every fire and retry of the namespace's timers.
+    Namespace(String),
+    /// Every webhook request to this endpoint, `scheme://host:port` (or
+    /// `scheme://host`).
+    Endpoint(String),
+}
+
+/// Longest endpoint name a pause may hold.
+pub const MAX_ENDPOINT_BYTES: usize = 300;
+
+/// Whether `endpoint` is an origin: `http://` or `https://`, a host, an
+/// optional port, nothing after.
+pub fn is_origin(endpoint: &str) -> bool {
+    let Some(rest) = endpoint.strip_prefix("http://").or_else(|| endpoint.strip_prefix("https://")) else {
+        return false;
+    };
+    endpoint.len() <= MAX_ENDPOINT_BYTES
+        && !rest.is_empty()
+        && !rest.contains(['/', '?', '#', '@', ' '])
+        && rest.chars().all(|c| c.is_ascii_graphic())
 }
 
 /// A change to a namespace's signing secrets.
@@ -463,6 +500,27 @@ mod tests {
         assert_eq!(apply_cluster(&mut map, &revoke, 30).unwrap(), ClusterOutcome::Changed { epoch: 3 });
         assert!(map.tokens.is_empty());
         assert_eq!(apply_cluster(&mut map, &revoke, 40).unwrap(), ClusterOutcome::Unchanged { epoch: 3 });
+    }
+
+    #[test]
+    fn namespaces_and_endpoints_are_paused_and_resumed() {
+        let mut map = booted(&[1, 2, 3], 4);
+        let ns = |paused| ClusterCommand::Pause { target: PauseTarget::Namespace("billing".into()), paused };
+        let ep = |origin: &str, paused| ClusterCommand::Pause { target: PauseTarget::Endpoint(origin.into()), paused };
+        assert_eq!(apply_cluster(&mut map, &ns(true), 6).unwrap(), ClusterOutcome::Changed { epoch: 2 });
+        assert_eq!(map.paused_namespaces["billing"], 6);
+        assert_eq!(apply_cluster(&mut map, &ns(true), 7).unwrap(), ClusterOutcome::Unchanged { epoch: 2 });
+        assert_eq!(map.paused_namespaces["billing"], 6, "a second pause keeps the first time");
+        let origin = "https://hooks.example.com:8443";
+        assert_eq!(apply_cluster(&mut map, &ep(origin, true), 8).unwrap(), ClusterOutcome::Changed { epoch: 3 });
+        for bad in ["https://hooks.example.com/path", "ftp://x", "https://", "https://a b"] {
+            let refused = apply_cluster(&mut map, &ep(bad, true), 9).unwrap();
+            assert!(matches!(refused, ClusterOutcome::Refused { epoch: 3, .. }), "{bad}: {refused:?}");
+        }
+        assert_eq!(apply_cluster(&mut map, &ns(false), 10).unwrap(), ClusterOutcome::Changed { epoch: 4 });
+        assert_eq!(apply_cluster(&mut map, &ns(false), 11).unwrap(), ClusterOutcome::Unchanged { epoch: 4 });
+        assert!(map.paused_namespaces.is_empty());
+        assert_eq!(map.paused_endpoints.keys().collect::<Vec<_>>(), [origin]);
     }
 
     #[test]

@@ -615,3 +615,64 @@ fn a_late_backlog_catches_up_at_its_namespace_rate() {
     let took_ms = t - now;
     assert!((3_900..=4_100).contains(&took_ms), "80 deferred fires at 20/s took {took_ms} ms");
 }
+
+/// A paused namespace fires nothing: its due timers are let go (they stay
+/// in the index); the others fire as usual. On resume the loader reads the
+/// index from the start again and they fire, late.
+#[test]
+fn a_paused_namespace_fires_nothing_until_resumed() {
+    let config = FireConfig {
+        hot_window_ms: WINDOW_MS,
+        load_page: 1_000,
+        max_tracked: 10_000,
+        retry_delay_ms: 20,
+        retries_per_namespace_per_sec: 0,
+        catch_up_after_ms: 0,
+        catch_up_per_namespace_per_sec: 0,
+    };
+    let now = 5_000_000;
+    let mut core = FireCore::new(config, EPOCH, now);
+    core.set_paused(["paused".to_string()].into());
+    let entries: Vec<(DuePos, DueKind)> = (0..10)
+        .map(|i| {
+            let ns = if i % 2 == 0 { "paused" } else { "live" };
+            (DuePos { due_ms: now + i * 10, key: TimerKey::new(ns, format!("t-{i}")) }, DueKind::Fire)
+        })
+        .collect();
+    let fired = |actions: Vec<Action>| -> (Vec<TimerKey>, Vec<Action>) {
+        let mut keys = Vec::new();
+        let mut rest = Vec::new();
+        for a in actions {
+            match a {
+                Action::Fire(f) => keys.extend(f.into_iter().map(|(k, _)| k)),
+                other => rest.push(other),
+            }
+        }
+        (keys, rest)
+    };
+    let _ = core.poll(now, 0, 100);
+    core.on_page(1, entries.clone(), now + WINDOW_MS);
+    // Phase: paused for a minute: only the live namespace fires.
+    let (keys, rest) = fired(core.poll(now + 60_000, 10_000, 100));
+    assert_eq!(keys.len(), 5);
+    assert!(keys.iter().all(|k| k.namespace == "live"));
+    // The window moved on: answer its page (nothing new in it).
+    for action in rest {
+        if let Action::Load { before_ms, .. } = action {
+            core.on_page(2, Vec::new(), before_ms);
+        }
+    }
+    assert_eq!(core.stats().paused_let_go, 5);
+    assert_eq!(core.tracked(), 5, "only the live ones are proposed and tracked");
+    // Phase: resumed: the next poll loads the index from the start, and the
+    // page (the paused timers are still in it) fires them.
+    core.set_paused(Default::default());
+    let (keys, rest) = fired(core.poll(now + 60_001, 10_000, 100));
+    assert!(keys.is_empty());
+    assert!(matches!(rest.as_slice(), [Action::Load { from: tocsin_core::fire::LoadFrom::Time(0), .. }]), "{rest:?}");
+    let paused_entries: Vec<_> = entries.into_iter().filter(|(p, _)| p.key.namespace == "paused").collect();
+    core.on_page(3, paused_entries, now + 60_001 + WINDOW_MS);
+    let (keys, _) = fired(core.poll(now + 60_002, 10_000, 100));
+    assert_eq!(keys.len(), 5);
+    assert!(keys.iter().all(|k| k.namespace == "paused"));
+}

@@ -412,6 +412,52 @@ impl pb::admin_service_server::AdminService for AdminApi {
         Ok(Response::new(pb::ListNamespaceSecretsResponse { secrets }))
     }
 
+    async fn set_paused(
+        &self,
+        request: Request<pb::SetPausedRequest>,
+    ) -> Result<Response<pb::SetPausedResponse>, Status> {
+        use tocsin_core::cluster::PauseTarget;
+        self.admin_only(&request)?;
+        let req = request.into_inner();
+        let target = match (req.namespace.is_empty(), req.endpoint.is_empty()) {
+            (false, true) => {
+                tocsin_core::validate::check_namespace(&req.namespace)
+                    .map_err(|e| NodeError::invalid("namespace", e.to_string()))?;
+                PauseTarget::Namespace(req.namespace)
+            }
+            (true, false) => {
+                let origin = crate::shard::delivery::webhook::origin_of(&req.endpoint);
+                if !tocsin_core::cluster::is_origin(&origin) {
+                    return Err(NodeError::invalid(
+                        "endpoint",
+                        "give an http(s) URL or its origin, scheme://host[:port]",
+                    )
+                    .into());
+                }
+                PauseTarget::Endpoint(origin)
+            }
+            _ => return Err(NodeError::invalid("namespace", "give a namespace or an endpoint, not both").into()),
+        };
+        let (changed, map_epoch) =
+            self.propose_and_announce(ClusterCommand::Pause { target, paused: req.paused }).await?;
+        Ok(Response::new(pb::SetPausedResponse { changed: changed.is_some(), map_epoch }))
+    }
+
+    async fn list_paused(
+        &self,
+        request: Request<pb::ListPausedRequest>,
+    ) -> Result<Response<pb::ListPausedResponse>, Status> {
+        self.admin_only(&request)?;
+        let map = crate::control::meta::read_latest(&self.node).await?;
+        let list = |m: &std::collections::BTreeMap<String, u64>| {
+            m.iter().map(|(name, at)| pb::PausedInfo { name: name.clone(), paused_at_ms: *at }).collect()
+        };
+        Ok(Response::new(pb::ListPausedResponse {
+            namespaces: list(&map.paused_namespaces),
+            endpoints: list(&map.paused_endpoints),
+        }))
+    }
+
     async fn list_endpoints(
         &self,
         request: Request<pb::ListEndpointsRequest>,

@@ -175,6 +175,7 @@ async fn run(ctx: Arc<ShardCtx>, dispatcher: Arc<Dispatcher>) {
         rereads: Vec::new(),
         first_fire_logged: false,
         started_ms: now,
+        paused_version: u64::MAX,
     };
     lp.run(events, io_rx).await;
 }
@@ -268,6 +269,8 @@ struct FireLoop {
     rereads: Vec<TimerKey>,
     first_fire_logged: bool,
     started_ms: u64,
+    /// The version of the paused set the core has (`Paused::version`).
+    paused_version: u64,
 }
 
 impl FireLoop {
@@ -395,6 +398,12 @@ impl FireLoop {
     /// Asks the core what to do now and starts it. Returns false if the loop
     /// must stop.
     fn act(&mut self) -> bool {
+        let paused = self.dispatcher.webhook.paused();
+        let version = paused.version();
+        if version != self.paused_version {
+            self.paused_version = version;
+            self.core.set_paused(paused.namespaces());
+        }
         let now = self.ctx.clock.now_ms();
         let batch = self.ctx.config.firing.fire_batch;
         // A node whose clock is off loads but fires nothing.

@@ -1,6 +1,7 @@
 //! Delivery of fired timers: webhooks ([`webhook`]) and pull topics
 //! ([`pull`]), with Standard Webhooks signing (`tocsin_contract::signing`).
 
+pub mod paused;
 pub mod pull;
 pub mod webhook;
 

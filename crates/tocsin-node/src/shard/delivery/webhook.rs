@@ -63,6 +63,7 @@ use crate::config::DeliveryConfig;
 use crate::egress::EgressPolicy;
 use crate::egress::GuardedResolver;
 use crate::shard::ShardCtx;
+use crate::shard::delivery::paused::Paused;
 
 /// Time kept free before an attempt's deadline to record its outcome.
 const RECORD_MARGIN_MS: u64 = 200;
@@ -148,6 +149,8 @@ pub struct WebhookSender {
     /// map; a namespace named here is signed with these keys only.
     map_secrets: std::sync::RwLock<Arc<HashMap<String, Vec<Vec<u8>>>>>,
     policy: Arc<EgressPolicy>,
+    /// The cluster map's pauses (namespaces and endpoints).
+    paused: Arc<Paused>,
 }
 
 impl WebhookSender {
@@ -179,6 +182,7 @@ impl WebhookSender {
             secrets: std::sync::RwLock::new(Arc::new(secrets)),
             map_secrets: std::sync::RwLock::new(Arc::new(HashMap::new())),
             policy,
+            paused: Arc::default(),
         })
     }
 
@@ -186,6 +190,11 @@ impl WebhookSender {
     /// checks creates against the same one.
     pub fn egress(&self) -> &EgressPolicy {
         &self.policy
+    }
+
+    /// The cluster map's pauses, as this node last learned them.
+    pub fn paused(&self) -> &Arc<Paused> {
+        &self.paused
     }
 
     /// Replaces every namespace's signing keys (a config reload): the next
@@ -374,6 +383,13 @@ impl WebhookSender {
                 retry_after_ms: None,
             };
             return Some((outcome, AttemptReport::new(0, "url_disabled", 0)));
+        }
+        if self.paused.endpoint_paused(&origin_of(url)) {
+            // Paused by an operator (`tocsin admin endpoint pause`): not sent;
+            // retried with the timer's backoff until resumed.
+            metrics::counter!("tocsin_webhook_responses_total", "class" => "endpoint_paused").increment(1);
+            let outcome = Outcome::Retry { error: "the endpoint's deliveries are paused".into(), retry_after_ms: None };
+            return Some((outcome, AttemptReport::new(0, "endpoint_paused", 0)));
         }
         let endpoint = self.endpoint(url);
         let now_ms = ctx.clock.now_ms();
@@ -615,7 +631,7 @@ fn redact_url(url: &str) -> &str {
 }
 
 /// `scheme://host:port` of a URL: the unit of per-endpoint limits.
-fn origin_of(url: &str) -> String {
+pub fn origin_of(url: &str) -> String {
     match url.find("://") {
         Some(i) => {
             let rest = &url[i + 3..];
