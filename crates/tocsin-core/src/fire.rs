@@ -477,7 +477,8 @@ impl FireCore {
             // entry is in the wheel before its time only when adopted from
             // an earlier leader.
             debug_assert!(due.at_ms <= now_ms || due.adopt_now(self.epoch));
-            if self.paused.contains(&key.namespace) {
+            // Checked per fire: skip the hash when nothing is paused.
+            if !self.paused.is_empty() && self.paused.contains(&key.namespace) {
                 self.tracked.remove(&key);
                 self.stats.paused_let_go += 1;
                 continue;
@@ -565,7 +566,7 @@ impl FireCore {
     fn release_deferred(&mut self, now_ms: u64, budget: &mut usize, fires: &mut Vec<(TimerKey, u64)>) {
         let namespaces: Vec<(Pace, String)> = self.deferred.keys().cloned().collect();
         for ns in namespaces {
-            if self.paused.contains(&ns.1) {
+            if !self.paused.is_empty() && self.paused.contains(&ns.1) {
                 for key in self.deferred.remove(&ns).unwrap_or_default() {
                     if matches!(self.tracked.get(&key).map(|t| t.state), Some(State::Deferred { .. })) {
                         self.tracked.remove(&key);

@@ -216,8 +216,7 @@ impl WebhookSender {
         from_map.or_else(|| self.secrets.read().expect("secrets lock").get(namespace).cloned()).unwrap_or_default()
     }
 
-    fn endpoint(&self, url: &str) -> Arc<Endpoint> {
-        let origin = origin_of(url);
+    fn endpoint(&self, origin: String) -> Arc<Endpoint> {
         let mut endpoints = self.endpoints.lock().expect("endpoints lock");
         if endpoints.len() >= MAX_ENDPOINTS && !endpoints.contains_key(&origin) {
             // Only this map holds an idle endpoint: nothing is in flight or
@@ -384,14 +383,15 @@ impl WebhookSender {
             };
             return Some((outcome, AttemptReport::new(0, "url_disabled", 0)));
         }
-        if self.paused.endpoint_paused(&origin_of(url)) {
+        let origin = origin_of(url);
+        if self.paused.endpoint_paused(&origin) {
             // Paused by an operator (`tocsin admin endpoint pause`): not sent;
             // retried with the timer's backoff until resumed.
             metrics::counter!("tocsin_webhook_responses_total", "class" => "endpoint_paused").increment(1);
             let outcome = Outcome::Retry { error: "the endpoint's deliveries are paused".into(), retry_after_ms: None };
             return Some((outcome, AttemptReport::new(0, "endpoint_paused", 0)));
         }
-        let endpoint = self.endpoint(url);
+        let endpoint = self.endpoint(origin);
         let now_ms = ctx.clock.now_ms();
         let verdict = endpoint.breaker.lock().expect("breaker lock").check(&self.breaker, now_ms);
         let mut slot = match verdict {
@@ -655,9 +655,9 @@ mod tests {
     #[test]
     fn idle_endpoints_are_forgotten_past_the_bound() {
         let sender = WebhookSender::new(DeliveryConfig::default(), HashMap::new(), Default::default()).unwrap();
-        let busy = sender.endpoint("http://busy.example:1/hook");
+        let busy = sender.endpoint(origin_of("http://busy.example:1/hook"));
         for i in 0..MAX_ENDPOINTS + 50 {
-            drop(sender.endpoint(&format!("http://h{i}.example/hook")));
+            drop(sender.endpoint(origin_of(&format!("http://h{i}.example/hook"))));
         }
         let endpoints = sender.endpoints.lock().unwrap();
         assert!(endpoints.len() <= MAX_ENDPOINTS, "{} endpoints kept", endpoints.len());
