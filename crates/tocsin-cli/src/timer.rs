@@ -58,6 +58,8 @@ pub enum TimerCommand {
         /// this many ms after its time (after an outage, say); 0 = fire however late.
         #[arg(long, default_value_t = 0)]
         skip_if_late_ms: u64,
+        #[command(flatten)]
+        recurrence: RecurrenceArgs,
     },
     Get {
         #[command(flatten)]
@@ -131,6 +133,56 @@ pub enum TimerCommand {
     },
 }
 
+/// Makes a create recurring. Each occurrence is a firing of its own (its own fire id); the next
+/// one waits until the current one's delivery ended. --delay-ms or --at then give the series'
+/// start (default: now for --cron, one interval from now for --every-ms).
+#[derive(clap::Args)]
+pub struct RecurrenceArgs {
+    /// Recur on a cron schedule: 5 fields (minute hour day-of-month month day-of-week), or 6 with
+    /// seconds first, such as "0 9 * * MON".
+    #[arg(long, conflicts_with = "every_ms")]
+    cron: Option<String>,
+    /// With --cron: the IANA time zone it is read in (Europe/Berlin); default UTC. Daylight-saving
+    /// changes are handled: a skipped wall time fires just after the gap, a repeated one once.
+    #[arg(long, requires = "cron")]
+    tz: Option<String>,
+    /// Recur every this many milliseconds (at least 1000), counted from the first occurrence.
+    #[arg(long)]
+    every_ms: Option<u64>,
+    /// No occurrence after this unix time in milliseconds.
+    #[arg(long, default_value_t = 0)]
+    until_ms: u64,
+    /// At most this many occurrences (fired or skipped); 0 = no limit.
+    #[arg(long, default_value_t = 0)]
+    count: u64,
+    /// A series late by several slots (an outage, a pause) fires once per missed slot instead
+    /// of once.
+    #[arg(long)]
+    catch_up_all: bool,
+}
+
+impl RecurrenceArgs {
+    fn into_proto(self) -> anyhow::Result<Option<pb::Recurrence>> {
+        let rule = match (self.cron, self.every_ms) {
+            (Some(cron), _) => pb::recurrence::Rule::Cron(cron),
+            (None, Some(every)) => pb::recurrence::Rule::EveryMs(every),
+            (None, None) => {
+                if self.until_ms != 0 || self.count != 0 || self.catch_up_all {
+                    anyhow::bail!("--until-ms, --count and --catch-up-all need --cron or --every-ms");
+                }
+                return Ok(None);
+            }
+        };
+        Ok(Some(pb::Recurrence {
+            rule: Some(rule),
+            time_zone: self.tz.unwrap_or_default(),
+            until_ms: self.until_ms,
+            count: self.count,
+            catch_up_all: self.catch_up_all,
+        }))
+    }
+}
+
 fn print_timer(timer: &pb::Timer, json: bool) {
     if json {
         println!("{}", serde_json::to_string_pretty(&TimerJson::from_proto(timer)).expect("json"));
@@ -148,6 +200,20 @@ fn print_timer(timer: &pb::Timer, json: bool) {
         }
         if !f.dead_reason.is_empty() {
             print!("  dead_reason={}", f.dead_reason);
+        }
+    }
+    if let Some(s) = &timer.series {
+        let rule = match timer.recurrence.as_ref().and_then(|r| r.rule.as_ref()) {
+            Some(pb::recurrence::Rule::Cron(c)) => {
+                let tz = timer.recurrence.as_ref().map_or("", |r| r.time_zone.as_str());
+                format!("cron={c:?} tz={}", if tz.is_empty() { "UTC" } else { tz })
+            }
+            Some(pb::recurrence::Rule::EveryMs(e)) => format!("every_ms={e}"),
+            None => String::new(),
+        };
+        print!("  {rule} occurrence={} delivered={} dead={} skipped={}", s.occurrence, s.delivered, s.dead, s.skipped);
+        if s.next_fire_at_ms != 0 {
+            print!(" next_fire_at_ms={}", s.next_fire_at_ms);
         }
     }
     println!();
@@ -198,12 +264,15 @@ pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
             max_attempts,
             replace_finished,
             skip_if_late_ms,
+            recurrence,
         } => {
-            let client = crate::connect(conn.addrs.clone()).await?;
+            let recurrence = recurrence.into_proto()?;
             let fire_time = match (delay_ms, at) {
-                (Some(d), _) => pb::create_timer_request::FireTime::DelayMs(d),
-                (None, Some(a)) => pb::create_timer_request::FireTime::FireAtMs(a),
-                (None, None) => anyhow::bail!("give --delay-ms or --at"),
+                (Some(d), _) => Some(pb::create_timer_request::FireTime::DelayMs(d)),
+                (None, Some(a)) => Some(pb::create_timer_request::FireTime::FireAtMs(a)),
+                // A series starts now by default.
+                (None, None) if recurrence.is_some() => None,
+                (None, None) => anyhow::bail!("give --delay-ms or --at (or --cron / --every-ms)"),
             };
             let target = match (webhook, topic) {
                 (Some(url), _) => pb::callback::Target::Webhook(pb::Webhook { url }),
@@ -213,14 +282,16 @@ pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
             let req = pb::CreateTimerRequest {
                 namespace,
                 id,
-                fire_time: Some(fire_time),
+                fire_time,
                 payload: payload.into_bytes().into(),
                 labels: parse_labels(&labels)?,
                 callback: Some(pb::Callback { target: Some(target) }),
                 retry: Some(pb::RetryPolicy { max_attempts, ..Default::default() }),
                 replace_finished,
                 skip_if_late_ms,
+                recurrence,
             };
+            let client = crate::connect(conn.addrs.clone()).await?;
             let resp = client.create_timer(req).await?;
             if let Some(t) = &resp.timer {
                 if !conn.json {

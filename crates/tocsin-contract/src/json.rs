@@ -19,6 +19,8 @@ use tocsin_core::FirePhase;
 use tocsin_core::TimerKey;
 use tocsin_core::TimerRecord;
 use tocsin_core::TimerState;
+use tocsin_core::recurrence::Recurrence;
+use tocsin_core::recurrence::Rule;
 use tocsin_proto::v1 as pb;
 
 pub mod b64 {
@@ -82,6 +84,10 @@ pub struct DeliveryJson {
     /// How late the fire was: `fired_at_ms - fire_at_ms`.
     #[serde(default)]
     pub late_by_ms: u64,
+    /// A recurring timer's occurrence number (1, 2, …); absent (0) for a
+    /// one-shot timer.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub occurrence: u64,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
 }
@@ -102,6 +108,7 @@ impl DeliveryJson {
             cluster_id: cluster_id.to_string(),
             attempt_index: fire.attempt_index,
             late_by_ms: fire.fired_at_ms.saturating_sub(record.fire_at_ms),
+            occurrence: record.series.as_ref().map_or(0, |s| s.occurrence),
             labels: record.labels.clone(),
         }
     }
@@ -124,6 +131,7 @@ pub fn delivery_proto(cluster_id: &str, shard: u32, key: &TimerKey, record: &Tim
         topic: String::new(),
         cluster_id: d.cluster_id,
         late_by_ms: d.late_by_ms,
+        occurrence: d.occurrence,
     }
 }
 
@@ -209,7 +217,90 @@ pub fn timer_proto(cluster_id: &str, shard: u32, key: &TimerKey, record: &TimerR
         retained_until_ms: record.purge_after_ms().unwrap_or(0),
         attempts: Vec::new(),
         skip_if_late_ms: record.skip_if_late_ms,
+        recurrence: record.series.as_ref().map(|s| recurrence_proto(&s.recurrence)),
+        series: record.series.as_ref().map(|s| pb::SeriesInfo {
+            occurrence: s.occurrence,
+            next_fire_at_ms: s.next_at_ms.unwrap_or(0),
+            delivered: s.delivered,
+            dead: s.dead,
+            skipped: s.skipped,
+        }),
     }
+}
+
+pub fn recurrence_proto(r: &Recurrence) -> pb::Recurrence {
+    let (rule, time_zone) = match &r.rule {
+        Rule::Cron { expr, tz } => (pb::recurrence::Rule::Cron(expr.clone()), tz.clone()),
+        Rule::Every { interval_ms } => (pb::recurrence::Rule::EveryMs(*interval_ms), String::new()),
+    };
+    pb::Recurrence { rule: Some(rule), time_zone, until_ms: r.until_ms, count: r.count, catch_up_all: r.catch_up_all }
+}
+
+/// A recurring timer's rule, in JSON: exactly one of `cron` (with an
+/// optional `time_zone`) or `every_ms`.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecurrenceJson {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cron: Option<String>,
+    #[serde(default, deserialize_with = "de_opt_u64", skip_serializing_if = "Option::is_none")]
+    pub every_ms: Option<u64>,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub time_zone: String,
+    #[serde(default, deserialize_with = "de_u64", skip_serializing_if = "is_zero")]
+    pub until_ms: u64,
+    #[serde(default, deserialize_with = "de_u64", skip_serializing_if = "is_zero")]
+    pub count: u64,
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub catch_up_all: bool,
+}
+
+impl RecurrenceJson {
+    /// Both `cron` and `every_ms` given: `cron` is kept and the node refuses
+    /// nothing it cannot see, so the JSON layer refuses it first.
+    pub fn into_proto(self) -> Result<pb::Recurrence, String> {
+        let rule = match (self.cron, self.every_ms) {
+            (Some(_), Some(_)) => return Err("give recurrence.cron or recurrence.every_ms, not both".into()),
+            (Some(expr), None) => Some(pb::recurrence::Rule::Cron(expr)),
+            (None, Some(every)) => Some(pb::recurrence::Rule::EveryMs(every)),
+            (None, None) => None,
+        };
+        Ok(pb::Recurrence {
+            rule,
+            time_zone: self.time_zone,
+            until_ms: self.until_ms,
+            count: self.count,
+            catch_up_all: self.catch_up_all,
+        })
+    }
+
+    pub fn from_proto(r: &pb::Recurrence) -> RecurrenceJson {
+        RecurrenceJson {
+            cron: match &r.rule {
+                Some(pb::recurrence::Rule::Cron(c)) => Some(c.clone()),
+                _ => None,
+            },
+            every_ms: match r.rule {
+                Some(pb::recurrence::Rule::EveryMs(e)) => Some(e),
+                _ => None,
+            },
+            time_zone: r.time_zone.clone(),
+            until_ms: r.until_ms,
+            count: r.count,
+            catch_up_all: r.catch_up_all,
+        }
+    }
+}
+
+/// Where a recurring timer's series stands (see the proto's `SeriesInfo`).
+#[derive(Debug, Serialize)]
+pub struct SeriesJson {
+    pub occurrence: u64,
+    #[serde(skip_serializing_if = "is_zero")]
+    pub next_fire_at_ms: u64,
+    pub delivered: u64,
+    pub dead: u64,
+    pub skipped: u64,
 }
 
 // ---- HTTP request and response bodies ------------------------------------
@@ -237,11 +328,16 @@ pub struct CreateTimerJson {
     /// The late-fire policy (see the proto): 0 fires however late.
     #[serde(default, deserialize_with = "de_u64")]
     pub skip_if_late_ms: u64,
+    /// Makes the timer recurring (see the proto's `Recurrence`).
+    pub recurrence: Option<RecurrenceJson>,
 }
 
 impl CreateTimerJson {
-    pub fn into_proto(self) -> pb::CreateTimerRequest {
-        pb::CreateTimerRequest {
+    /// Refuses only what the proto cannot express (a recurrence with both
+    /// rules); everything else is the node's to check.
+    pub fn into_proto(self) -> Result<pb::CreateTimerRequest, String> {
+        let recurrence = self.recurrence.map(RecurrenceJson::into_proto).transpose()?;
+        Ok(pb::CreateTimerRequest {
             namespace: self.namespace,
             id: self.id,
             fire_time: match (self.fire_at_ms, self.delay_ms) {
@@ -255,7 +351,8 @@ impl CreateTimerJson {
             retry: self.retry.map(RetryJson::into_proto),
             replace_finished: self.replace_finished,
             skip_if_late_ms: self.skip_if_late_ms,
-        }
+            recurrence,
+        })
     }
 }
 
@@ -428,6 +525,10 @@ pub struct TimerJson {
     pub retained_until_ms: u64,
     #[serde(skip_serializing_if = "is_zero")]
     pub skip_if_late_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub recurrence: Option<RecurrenceJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub series: Option<SeriesJson>,
 }
 
 pub fn state_name(state: i32) -> &'static str {
@@ -458,6 +559,14 @@ impl TimerJson {
             finished_at_ms: t.finished_at_ms,
             retained_until_ms: t.retained_until_ms,
             skip_if_late_ms: t.skip_if_late_ms,
+            recurrence: t.recurrence.as_ref().map(RecurrenceJson::from_proto),
+            series: t.series.as_ref().map(|s| SeriesJson {
+                occurrence: s.occurrence,
+                next_fire_at_ms: s.next_fire_at_ms,
+                delivered: s.delivered,
+                dead: s.dead,
+                skipped: s.skipped,
+            }),
         }
     }
 }

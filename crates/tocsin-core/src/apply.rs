@@ -25,6 +25,7 @@ use crate::command::CommandResult;
 use crate::command::Proposal;
 use crate::command::SkipReason;
 use crate::limits;
+use crate::recurrence::Series;
 use crate::timer::AttemptEnd;
 use crate::timer::AttemptEntry;
 use crate::timer::DeadReason;
@@ -176,6 +177,7 @@ pub fn apply_command<T: TimerTable>(
                 finished_at_ms: 0,
                 retention_ms: *retention_ms,
                 attempts: Vec::new(),
+                series: spec.recurrence.clone().map(|r| Series::new(r, *fire_at_ms)),
             };
             rules.put(key, previous.as_ref(), record.clone())?;
             Ok(CommandResult::Created { record, created: true })
@@ -377,6 +379,10 @@ impl<T: TimerTable> Rules<'_, T> {
         let mut new = record.clone();
         new.fire_at_ms = fire_at_ms;
         new.generation += 1;
+        if let Some(series) = &mut new.series {
+            // The next occurrence moves; an interval series goes on from it.
+            series.anchor_ms = fire_at_ms;
+        }
         self.put(key, Some(&record), new.clone())?;
         Ok(CommandResult::Rescheduled { record: new })
     }
@@ -408,14 +414,26 @@ impl<T: TimerTable> Rules<'_, T> {
             && record.skip_if_late_ms != 0
             && now > record.fire_at_ms.saturating_add(record.skip_if_late_ms)
         {
-            // The late-fire policy: too late to be worth delivering.
-            new.state = TimerState::Skipped;
-            new.finished_at_ms = now.max(1);
+            // The late-fire policy: too late to be worth delivering. A
+            // series skips this occurrence and goes on.
+            if let Some(series) = &mut new.series {
+                crate::recurrence::advance(series, record.fire_at_ms, now);
+                series.skipped += 1;
+            }
+            if !next_occurrence(&mut new) {
+                new.state = TimerState::Skipped;
+                new.finished_at_ms = now.max(1);
+            }
             self.put(key, Some(&record), new.clone())?;
             return Ok(CommandResult::LateSkipped { record: new });
         }
         match &mut new.fire {
             None => {
+                // A series works out its next occurrence in the entry that
+                // fires this one: a failover can neither skip nor double it.
+                if let Some(series) = &mut new.series {
+                    crate::recurrence::advance(series, record.fire_at_ms, now);
+                }
                 // SCHEDULED -> FIRING: the fire itself.
                 new.state = TimerState::Firing;
                 new.fire = Some(FireRecord {
@@ -584,8 +602,13 @@ impl<T: TimerTable> Rules<'_, T> {
         push_attempt(&mut new, ended(fire, now, end, report, error));
         match outcome {
             AttemptOutcome::Delivered => {
-                new.state = TimerState::Delivered;
-                new.finished_at_ms = now.max(1);
+                if let Some(series) = &mut new.series {
+                    series.delivered += 1;
+                }
+                if !next_occurrence(&mut new) {
+                    new.state = TimerState::Delivered;
+                    new.finished_at_ms = now.max(1);
+                }
             }
             AttemptOutcome::GiveUp { error } => {
                 return self.die(key, record, new, DeadReason::Gone, error);
@@ -619,6 +642,12 @@ impl<T: TimerTable> Rules<'_, T> {
         let fire = new.fire.as_mut().ok_or_else(|| self.broken(format!("{key}: dying without fire facts")))?;
         fire.last_error = truncate(error);
         fire.dead_reason = Some(reason);
+        // One dead occurrence does not end a series: its history and
+        // counters say so, and the next occurrence is scheduled.
+        if let Some(series) = &mut new.series {
+            series.dead += 1;
+        }
+        next_occurrence(&mut new);
         self.put(key, Some(&old), new.clone())?;
         Ok(CommandResult::Dead { record: new })
     }
@@ -641,6 +670,23 @@ impl<T: TimerTable> Rules<'_, T> {
         self.put(key, Some(&record), new.clone())?;
         Ok(CommandResult::Redriven { record: new })
     }
+}
+
+/// When an occurrence of a series ends (delivered, dead or skipped) and
+/// another follows: the record is scheduled at it, a new generation (a
+/// reschedule aimed at the occurrence that ended no longer applies), with
+/// the occurrence's fire facts dropped (its attempts stay in the history).
+/// False for a one-shot timer or a series' last occurrence.
+fn next_occurrence(record: &mut TimerRecord) -> bool {
+    let Some(next_at_ms) = record.series.as_mut().and_then(|s| s.next_at_ms.take()) else {
+        return false;
+    };
+    record.state = TimerState::Scheduled;
+    record.fire_at_ms = next_at_ms;
+    record.fire = None;
+    record.finished_at_ms = 0;
+    record.generation += 1;
+    true
 }
 
 fn counter_for(meta: &mut ShardMeta, state: TimerState) -> &mut u64 {

@@ -10,6 +10,8 @@
 //!   to fire, what to re-read), as a pure state machine over the wheel;
 //! - [`routing`]: key → shard (jump hash over xxh3) and shard → nodes (a
 //!   token ring);
+//! - [`recurrence`]: recurring timers' rules (cron in a time zone, interval)
+//!   and the pure calculation of their occurrences;
 //! - [`backoff`]: the retry schedule;
 //! - [`breaker`]: a webhook endpoint's health (circuit breaker, slow-down,
 //!   disabled URLs);
@@ -32,6 +34,7 @@ pub mod egress;
 pub mod fire;
 pub mod limits;
 pub mod mem_table;
+pub mod recurrence;
 pub mod routing;
 pub mod timer;
 pub mod validate;

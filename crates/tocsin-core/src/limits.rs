@@ -37,6 +37,12 @@ pub const MAX_TTR_MS: u64 = 24 * 3600 * 1000;
 pub const MAX_ATTEMPT_HISTORY: usize = 32;
 /// Longest outcome class kept in an attempt's history entry.
 pub const MAX_ATTEMPT_CLASS_BYTES: usize = 32;
+/// Longest cron expression and time-zone name of a recurring timer.
+pub const MAX_CRON_BYTES: usize = 256;
+pub const MAX_TIME_ZONE_BYTES: usize = 64;
+/// Shortest and longest interval of a recurring timer (`every_ms`).
+pub const MIN_INTERVAL_MS: u64 = 1_000;
+pub const MAX_INTERVAL_MS: u64 = 366 * 24 * 3600 * 1000;
 /// Width of a horizon bucket: counts of upcoming fires are kept per minute.
 pub const HORIZON_BUCKET_MS: u64 = 60_000;
 

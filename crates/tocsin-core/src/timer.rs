@@ -112,6 +112,8 @@ pub struct TimerSpec {
     /// how much, `late_by_ms`); N > 0 skips a fire that comes more than N
     /// ms after its fire time (the timer ends `SKIPPED`).
     pub skip_if_late_ms: u64,
+    /// A recurring timer's rule and end; `None` for a one-shot timer.
+    pub recurrence: Option<crate::recurrence::Recurrence>,
 }
 
 impl TimerSpec {
@@ -155,6 +157,24 @@ impl TimerSpec {
             // Only when set, so a spec without it keeps the digest it had.
             h.update(&[3]);
             h.update(&self.skip_if_late_ms.to_be_bytes());
+        }
+        if let Some(r) = &self.recurrence {
+            // Only when set, as above.
+            h.update(&[4]);
+            match &r.rule {
+                crate::recurrence::Rule::Cron { expr, tz } => {
+                    h.update(&[1]);
+                    hash_bytes(&mut h, expr.as_bytes());
+                    hash_bytes(&mut h, tz.as_bytes());
+                }
+                crate::recurrence::Rule::Every { interval_ms } => {
+                    h.update(&[2]);
+                    h.update(&interval_ms.to_be_bytes());
+                }
+            }
+            h.update(&r.until_ms.to_be_bytes());
+            h.update(&r.count.to_be_bytes());
+            h.update(&[u8::from(r.catch_up_all)]);
         }
         h.digest128()
     }
@@ -407,6 +427,9 @@ pub struct TimerRecord {
     /// Its finished delivery attempts, oldest first, the latest
     /// [`crate::limits::MAX_ATTEMPT_HISTORY`] of them (across redrives).
     pub attempts: Vec<AttemptEntry>,
+    /// A recurring timer's rule and progress; `None` for a one-shot timer.
+    /// `fire_at_ms` is then the current occurrence's time.
+    pub series: Option<crate::recurrence::Series>,
 }
 
 impl TimerRecord {

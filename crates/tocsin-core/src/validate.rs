@@ -182,7 +182,45 @@ pub fn check_create(key: &TimerKey, spec: &TimerSpec, limits: &Limits) -> Result
     check_callback(&spec.callback)?;
     check_retry(&spec.retry, limits)?;
     check_skip_if_late(spec.skip_if_late_ms)?;
+    if let Some(recurrence) = &spec.recurrence {
+        check_recurrence(recurrence, &spec.retry)?;
+    }
     check_fire_time_shape("fire_at_ms", spec.fire_time, limits)
+}
+
+/// A recurring timer's rule, and what it rules out: `give_up_after_ms` is
+/// one absolute time, which every occurrence after it would be past.
+pub fn check_recurrence(recurrence: &crate::recurrence::Recurrence, retry: &RetryPolicy) -> Result {
+    crate::recurrence::check(recurrence).map_err(|e| ValidationError::new(e.field, e.message))?;
+    if retry.give_up_after_ms != 0 {
+        return Err(ValidationError::new(
+            "retry.give_up_after_ms",
+            "is one absolute time and cannot bound a recurring timer's occurrences; bound them with \
+             max_attempts and max_backoff_ms",
+        ));
+    }
+    Ok(())
+}
+
+/// A series' first occurrence at or after its resolved start, within the
+/// horizon.
+pub fn first_occurrence(
+    recurrence: &crate::recurrence::Recurrence,
+    start_ms: u64,
+    now_ms: u64,
+    limits: &Limits,
+) -> Result<u64> {
+    let Some(first) = crate::recurrence::first_at(recurrence, start_ms) else {
+        let why = if recurrence.until_ms != 0 { "before recurrence.until_ms" } else { "ever" };
+        return Err(ValidationError::new("recurrence", format!("has no occurrence {why}")));
+    };
+    if first > now_ms.saturating_add(limits.max_horizon_ms) {
+        return Err(ValidationError::new(
+            "recurrence",
+            format!("first occurs at {first} ms, more than {} ms ahead", limits.max_horizon_ms),
+        ));
+    }
+    Ok(first)
 }
 
 /// The late-fire policy: 0 (fire however late), or a bound a fire can

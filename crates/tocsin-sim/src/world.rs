@@ -244,6 +244,7 @@ fn command_for(op: &Op, generations: &BTreeMap<TimerKey, u64>) -> Option<Command
                 callback,
                 retry,
                 skip_if_late_ms: 0,
+                recurrence: None,
             };
             Command::Create {
                 key: op.key.clone(),

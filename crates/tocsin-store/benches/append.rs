@@ -36,6 +36,7 @@ fn entry(index: u64) -> Entry {
         callback: Callback::Webhook { url: "http://127.0.0.1:9000/hook".into() },
         retry: RetryPolicy::default(),
         skip_if_late_ms: 0,
+        recurrence: None,
     };
     Entry {
         log_id: openraft::testing::log_id::<TypeConfig>(1, 1, index),

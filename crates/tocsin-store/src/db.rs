@@ -48,8 +48,9 @@ use crate::keys;
 /// history and a dead timer its reason, an attempt result carries what the
 /// node saw of it, a pull callback its own time-to-run, and `Redrive`; a
 /// timer its late-fire policy (`skip_if_late_ms`, state `SKIPPED`), and the
-/// cluster map its paused namespaces and endpoints.
-pub const STORE_FORMAT: u32 = 6;
+/// cluster map its paused namespaces and endpoints. 7: a create spec and a
+/// timer carry a recurrence (a recurring timer's rule and series).
+pub const STORE_FORMAT: u32 = 7;
 
 /// Most write requests queued for the writer before senders wait.
 const WRITE_QUEUE_DEPTH: usize = 1024;

@@ -15,6 +15,7 @@ mod peer_port;
 mod peer_tls;
 mod pull;
 mod quotas;
+mod recurring;
 mod routing;
 mod signing;
 mod support;

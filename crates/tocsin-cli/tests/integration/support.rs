@@ -245,6 +245,8 @@ pub struct Seen {
     pub epoch: u64,
     pub attempt: u64,
     pub late_by_ms: u64,
+    /// A recurring timer's occurrence number; 0 for a one-shot timer.
+    pub occurrence: u64,
 }
 
 /// An HTTP receiver that records every delivery by timer id, and answers
@@ -273,6 +275,7 @@ impl Receiver {
                     epoch: v["epoch"].as_u64().unwrap(),
                     attempt: v["attempt"].as_u64().unwrap(),
                     late_by_ms: v["late_by_ms"].as_u64().unwrap(),
+                    occurrence: v["occurrence"].as_u64().unwrap_or(0),
                 };
                 state.lock().unwrap().entry(v["id"].as_str().unwrap().to_string()).or_default().push(s);
                 let code = answer.load(std::sync::atomic::Ordering::Relaxed);

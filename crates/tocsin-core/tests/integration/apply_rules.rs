@@ -32,6 +32,7 @@ pub fn spec(fire_at_ms: u64, callback: Callback) -> TimerSpec {
         callback,
         retry: RetryPolicy::default(),
         skip_if_late_ms: 0,
+        recurrence: None,
     }
 }
 

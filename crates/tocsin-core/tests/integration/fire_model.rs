@@ -417,6 +417,7 @@ fn dummy_record() -> TimerRecord {
         finished_at_ms: 0,
         retention_ms: 0,
         attempts: Vec::new(),
+        series: None,
     }
 }
 

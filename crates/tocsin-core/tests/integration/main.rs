@@ -5,3 +5,4 @@ mod apply_rules;
 mod clock_step;
 mod cluster_model;
 mod fire_model;
+mod recurring;

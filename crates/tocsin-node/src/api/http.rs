@@ -60,6 +60,7 @@ use crate::api::admin::AdminApi;
 use crate::api::parse;
 use crate::api::timers::TimerApi;
 use crate::control::state::NodeState;
+use crate::error::NodeError;
 
 #[derive(Clone)]
 struct HttpState {
@@ -185,9 +186,26 @@ fn parse<T: DeserializeOwned>(body: &Bytes) -> Result<T, Response> {
 /// other error of the field (`context` names the batch item).
 fn fire_time_error(fire_at_ms: Option<u64>, delay_ms: Option<u64>, context: &str) -> Option<Response> {
     let e = parse::fire_time(fire_at_ms, delay_ms).err()?;
+    Some(context_error(e, context))
+}
+
+/// A create's fire time, which a recurring timer may leave out.
+fn create_fire_time_error(t: &CreateTimerJson, context: &str) -> Option<Response> {
+    if t.recurrence.is_some() && t.fire_at_ms.is_none() && t.delay_ms.is_none() {
+        return None;
+    }
+    fire_time_error(t.fire_at_ms, t.delay_ms, context)
+}
+
+/// A create body the proto cannot carry (a recurrence with both rules).
+fn create_proto(t: CreateTimerJson, context: &str) -> Result<pb::CreateTimerRequest, Response> {
+    t.into_proto().map_err(|message| context_error(NodeError::invalid("recurrence", message), context))
+}
+
+fn context_error(e: NodeError, context: &str) -> Response {
     let info = e.info();
     let message = format!("{context}{}", info.message);
-    Some(error_response(e.code(), &message, &info.field))
+    error_response(e.code(), &message, &info.field)
 }
 
 async fn create(State(s): State<HttpState>, body: Bytes) -> Response {
@@ -195,10 +213,14 @@ async fn create(State(s): State<HttpState>, body: Bytes) -> Response {
         Ok(r) => r,
         Err(resp) => return resp,
     };
-    if let Some(resp) = fire_time_error(req.fire_at_ms, req.delay_ms, "") {
+    if let Some(resp) = create_fire_time_error(&req, "") {
         return resp;
     }
-    match s.timers.create_timer(rpc(req.into_proto())).await {
+    let req = match create_proto(req, "") {
+        Ok(r) => r,
+        Err(resp) => return resp,
+    };
+    match s.timers.create_timer(rpc(req)).await {
         Ok(resp) => {
             let resp = resp.into_inner();
             let status = if resp.created { StatusCode::CREATED } else { StatusCode::OK };
@@ -215,11 +237,17 @@ async fn create_batch(State(s): State<HttpState>, body: Bytes) -> Response {
         Err(resp) => return resp,
     };
     for (i, t) in req.timers.iter().enumerate() {
-        if let Some(resp) = fire_time_error(t.fire_at_ms, t.delay_ms, &format!("timers[{i}]: ")) {
+        if let Some(resp) = create_fire_time_error(t, &format!("timers[{i}]: ")) {
             return resp;
         }
     }
-    let timers = req.timers.into_iter().map(CreateTimerJson::into_proto).collect();
+    let mut timers = Vec::with_capacity(req.timers.len());
+    for (i, t) in req.timers.into_iter().enumerate() {
+        match create_proto(t, &format!("timers[{i}]: ")) {
+            Ok(t) => timers.push(t),
+            Err(resp) => return resp,
+        }
+    }
     match s.timers.create_timers(rpc(pb::CreateTimersRequest { timers })).await {
         Ok(resp) => {
             let results: Vec<serde_json::Value> = resp

@@ -13,6 +13,8 @@ use tocsin_core::RetryPolicy;
 use tocsin_core::ShardId;
 use tocsin_core::TimerKey;
 use tocsin_core::TimerSpec;
+use tocsin_core::recurrence::Recurrence;
+use tocsin_core::recurrence::Rule;
 use tocsin_core::timer::FireTime;
 use tocsin_core::validate;
 use tocsin_proto::v1 as pb;
@@ -63,6 +65,21 @@ pub fn fire_time(fire_at_ms: Option<u64>, delay_ms: Option<u64>) -> Result<FireT
     }
 }
 
+/// A recurrence as the proto carries it: exactly one rule.
+fn recurrence(r: &pb::Recurrence) -> Result<Recurrence, NodeError> {
+    let rule = match &r.rule {
+        Some(pb::recurrence::Rule::Cron(expr)) => Rule::Cron { expr: expr.clone(), tz: r.time_zone.clone() },
+        Some(pb::recurrence::Rule::EveryMs(every)) => {
+            if !r.time_zone.is_empty() {
+                return Err(NodeError::invalid("recurrence.time_zone", "applies to recurrence.cron only"));
+            }
+            Rule::Every { interval_ms: *every }
+        }
+        None => return Err(NodeError::invalid("recurrence", "give recurrence.cron or recurrence.every_ms")),
+    };
+    Ok(Recurrence { rule, until_ms: r.until_ms, count: r.count, catch_up_all: r.catch_up_all })
+}
+
 /// Checks a create request.
 pub fn create(
     req: &pb::CreateTimerRequest,
@@ -72,10 +89,16 @@ pub fn create(
 ) -> Result<ValidCreate, NodeError> {
     use pb::create_timer_request::FireTime as F;
     let target = key(&req.namespace, &req.id, num_shards)?;
-    let fire_time = match req.fire_time {
-        Some(F::FireAtMs(at)) => fire_time(Some(at), None)?,
-        Some(F::DelayMs(d)) => fire_time(None, Some(d))?,
-        None => fire_time(None, None)?,
+    let recurrence = req.recurrence.as_ref().map(recurrence).transpose()?;
+    let fire_time = match (req.fire_time, &recurrence) {
+        (Some(F::FireAtMs(at)), _) => fire_time(Some(at), None)?,
+        (Some(F::DelayMs(d)), _) => fire_time(None, Some(d))?,
+        // A series with no start: now for cron, one interval from now.
+        (None, Some(r)) => match r.rule {
+            Rule::Every { interval_ms } => FireTime::Delay(interval_ms),
+            Rule::Cron { .. } => FireTime::Delay(0),
+        },
+        (None, None) => fire_time(None, None)?,
     };
     let callback = match req.callback.as_ref().and_then(|c| c.target.as_ref()) {
         Some(pb::callback::Target::Webhook(w)) => Callback::Webhook { url: w.url.clone() },
@@ -95,8 +118,12 @@ pub fn create(
         callback,
         retry,
         skip_if_late_ms: req.skip_if_late_ms,
+        recurrence,
     };
     validate::check_skip_if_late(spec.skip_if_late_ms)?;
+    if let Some(r) = &spec.recurrence {
+        validate::check_recurrence(r, &spec.retry)?;
+    }
     validate::check_payload(&spec.payload, limits)?;
     validate::check_labels(&spec.labels)?;
     validate::check_callback(&spec.callback)?;

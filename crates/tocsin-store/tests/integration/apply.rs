@@ -41,6 +41,7 @@ fn create(k: u32, at: u64, pull: bool) -> Command {
             },
             retry: RetryPolicy::default(),
             skip_if_late_ms: 0,
+            recurrence: None,
         },
         fire_at_ms: at,
         retry: RetryPolicy { max_attempts: 2, initial_backoff_ms: 10, max_backoff_ms: 100, give_up_after_ms: 0 },

@@ -172,6 +172,7 @@ fn apply_child_entry(index: u64) -> Entry {
             callback: Callback::Webhook { url: "http://127.0.0.1:1/h".into() },
             retry: RetryPolicy::default(),
             skip_if_late_ms: 0,
+            recurrence: None,
         },
         fire_at_ms: now_ms + 60_000,
         retry: RetryPolicy::default(),

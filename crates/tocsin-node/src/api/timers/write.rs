@@ -31,7 +31,13 @@ impl TimerApi {
     /// time's range is checked here, against the clock that stamps it.
     pub(super) fn create_command(&self, valid: ValidCreate) -> Result<Command, NodeError> {
         let limits = self.limits();
-        let fire_at_ms = validate::resolve_fire_at(valid.spec.fire_time, self.node.clock.now_ms(), limits)?;
+        let now_ms = self.node.clock.now_ms();
+        let mut fire_at_ms = validate::resolve_fire_at(valid.spec.fire_time, now_ms, limits)?;
+        if let Some(recurrence) = &valid.spec.recurrence {
+            // The fire time is the series' start; its first occurrence is
+            // worked out here, by the clock that stamps it.
+            fire_at_ms = validate::first_occurrence(recurrence, fire_at_ms, now_ms, limits)?;
+        }
         let retry = validate::effective_retry(&valid.spec.retry, limits);
         Ok(Command::Create {
             key: valid.target.key,
