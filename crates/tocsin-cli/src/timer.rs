@@ -17,6 +17,8 @@ pub struct Conn {
     json: bool,
 }
 
+// Parsed once per process: the size of its largest variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(clap::Subcommand)]
 pub enum TimerCommand {
     /// Create a timer (idempotent: the same id and spec returns the live timer). An id holding a
@@ -33,8 +35,18 @@ pub enum TimerCommand {
         #[arg(long)]
         at: Option<u64>,
         /// Deliver by POSTing to this URL.
-        #[arg(long, conflicts_with = "topic")]
+        #[arg(long, conflicts_with_all = ["topic", "amqp_broker"])]
         webhook: Option<String>,
+        /// Deliver by publishing to an AMQP exchange (RabbitMQ) on this broker, one the nodes'
+        /// configuration names (delivery.amqp_brokers); with --exchange and --routing-key.
+        #[arg(long, conflicts_with = "topic")]
+        amqp_broker: Option<String>,
+        /// With --amqp-broker: the exchange ("" for the default exchange).
+        #[arg(long, default_value = "", requires = "amqp_broker")]
+        exchange: String,
+        /// With --amqp-broker: the routing key.
+        #[arg(long, default_value = "", requires = "amqp_broker")]
+        routing_key: String,
         /// Deliver by holding on this pull topic.
         #[arg(long)]
         topic: Option<String>,
@@ -257,6 +269,9 @@ pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
             delay_ms,
             at,
             webhook,
+            amqp_broker,
+            exchange,
+            routing_key,
             topic,
             ttr_ms,
             payload,
@@ -274,10 +289,11 @@ pub async fn run(cmd: TimerCommand) -> anyhow::Result<ExitCode> {
                 (None, None) if recurrence.is_some() => None,
                 (None, None) => anyhow::bail!("give --delay-ms or --at (or --cron / --every-ms)"),
             };
-            let target = match (webhook, topic) {
-                (Some(url), _) => pb::callback::Target::Webhook(pb::Webhook { url }),
-                (None, Some(topic)) => pb::callback::Target::Pull(pb::Pull { topic, ttr_ms }),
-                (None, None) => anyhow::bail!("give --webhook URL or --topic NAME"),
+            let target = match (webhook, amqp_broker, topic) {
+                (Some(url), _, _) => pb::callback::Target::Webhook(pb::Webhook { url }),
+                (None, Some(broker), _) => pb::callback::Target::Amqp(pb::Amqp { broker, exchange, routing_key }),
+                (None, None, Some(topic)) => pb::callback::Target::Pull(pb::Pull { topic, ttr_ms }),
+                (None, None, None) => anyhow::bail!("give --webhook URL, --amqp-broker NAME or --topic NAME"),
             };
             let req = pb::CreateTimerRequest {
                 namespace,

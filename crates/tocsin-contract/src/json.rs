@@ -153,6 +153,11 @@ pub fn callback_proto(callback: &Callback) -> pb::Callback {
             Callback::Pull { topic, ttr_ms } => {
                 pb::callback::Target::Pull(pb::Pull { topic: topic.clone(), ttr_ms: *ttr_ms })
             }
+            Callback::Amqp { broker, exchange, routing_key } => pb::callback::Target::Amqp(pb::Amqp {
+                broker: broker.clone(),
+                exchange: exchange.clone(),
+                routing_key: routing_key.clone(),
+            }),
         }),
     }
 }
@@ -363,6 +368,20 @@ pub struct CallbackJson {
     pub webhook: Option<WebhookJson>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pull: Option<PullJson>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub amqp: Option<AmqpJson>,
+}
+
+/// A publish to an AMQP exchange on a broker the node's configuration names.
+#[derive(Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpJson {
+    #[serde(default)]
+    pub broker: String,
+    #[serde(default)]
+    pub exchange: String,
+    #[serde(default)]
+    pub routing_key: String,
 }
 
 #[derive(Debug, Default, Deserialize, Serialize)]
@@ -385,10 +404,15 @@ pub struct PullJson {
 impl CallbackJson {
     fn into_proto(self) -> pb::Callback {
         pb::Callback {
-            target: match (self.webhook, self.pull) {
-                (Some(w), _) => Some(pb::callback::Target::Webhook(pb::Webhook { url: w.url })),
-                (None, Some(p)) => Some(pb::callback::Target::Pull(pb::Pull { topic: p.topic, ttr_ms: p.ttr_ms })),
-                (None, None) => None,
+            target: match (self.webhook, self.pull, self.amqp) {
+                (Some(w), _, _) => Some(pb::callback::Target::Webhook(pb::Webhook { url: w.url })),
+                (None, Some(p), _) => Some(pb::callback::Target::Pull(pb::Pull { topic: p.topic, ttr_ms: p.ttr_ms })),
+                (None, None, Some(a)) => Some(pb::callback::Target::Amqp(pb::Amqp {
+                    broker: a.broker,
+                    exchange: a.exchange,
+                    routing_key: a.routing_key,
+                })),
+                (None, None, None) => None,
             },
         }
     }
@@ -396,11 +420,20 @@ impl CallbackJson {
     fn from_proto(cb: &pb::Callback) -> CallbackJson {
         match &cb.target {
             Some(pb::callback::Target::Webhook(w)) => {
-                CallbackJson { webhook: Some(WebhookJson { url: w.url.clone() }), pull: None }
+                CallbackJson { webhook: Some(WebhookJson { url: w.url.clone() }), ..CallbackJson::default() }
             }
-            Some(pb::callback::Target::Pull(p)) => {
-                CallbackJson { webhook: None, pull: Some(PullJson { topic: p.topic.clone(), ttr_ms: p.ttr_ms }) }
-            }
+            Some(pb::callback::Target::Pull(p)) => CallbackJson {
+                pull: Some(PullJson { topic: p.topic.clone(), ttr_ms: p.ttr_ms }),
+                ..CallbackJson::default()
+            },
+            Some(pb::callback::Target::Amqp(a)) => CallbackJson {
+                amqp: Some(AmqpJson {
+                    broker: a.broker.clone(),
+                    exchange: a.exchange.clone(),
+                    routing_key: a.routing_key.clone(),
+                }),
+                ..CallbackJson::default()
+            },
             None => CallbackJson::default(),
         }
     }

@@ -39,7 +39,9 @@ pub enum Command {
     /// answer is [`CommandResult::Finished`], unless `replace_finished`.
     Create {
         key: TimerKey,
-        spec: TimerSpec,
+        /// Boxed: a spec is most of a create's size, and every other command
+        /// is small (serialized the same as unboxed).
+        spec: Box<TimerSpec>,
         /// The resolved absolute fire time.
         fire_at_ms: u64,
         /// The effective policy (defaults filled in by the leader).

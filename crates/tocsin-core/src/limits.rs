@@ -37,6 +37,8 @@ pub const MAX_TTR_MS: u64 = 24 * 3600 * 1000;
 pub const MAX_ATTEMPT_HISTORY: usize = 32;
 /// Longest outcome class kept in an attempt's history entry.
 pub const MAX_ATTEMPT_CLASS_BYTES: usize = 32;
+/// Longest AMQP exchange name and routing key (an AMQP short string).
+pub const MAX_AMQP_NAME_BYTES: usize = 255;
 /// Longest cron expression and time-zone name of a recurring timer.
 pub const MAX_CRON_BYTES: usize = 256;
 pub const MAX_TIME_ZONE_BYTES: usize = 64;

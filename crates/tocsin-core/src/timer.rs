@@ -67,6 +67,9 @@ pub enum Callback {
     /// is how long a consumer's reservation of this timer lasts, whatever
     /// the consumer asked for.
     Pull { topic: String, ttr_ms: u64 },
+    /// A publish to `exchange` with `routing_key` on the AMQP broker the
+    /// node's configuration names `broker`, confirmed by the broker.
+    Amqp { broker: String, exchange: String, routing_key: String },
 }
 
 impl Callback {
@@ -147,6 +150,12 @@ impl TimerSpec {
                 h.update(&[2]);
                 hash_bytes(&mut h, topic.as_bytes());
                 h.update(&ttr_ms.to_be_bytes());
+            }
+            Callback::Amqp { broker, exchange, routing_key } => {
+                h.update(&[3]);
+                hash_bytes(&mut h, broker.as_bytes());
+                hash_bytes(&mut h, exchange.as_bytes());
+                hash_bytes(&mut h, routing_key.as_bytes());
             }
         }
         h.update(&self.retry.max_attempts.to_be_bytes());

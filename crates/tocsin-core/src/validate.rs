@@ -78,6 +78,31 @@ pub fn check_callback(callback: &Callback) -> Result {
             }
             Ok(())
         }
+        Callback::Amqp { broker, exchange, routing_key } => {
+            check_name("callback.amqp.broker", broker, limits::MAX_NAMESPACE_BYTES)?;
+            // AMQP 0-9-1: exchange names are letters, digits, `-_.:`, up to
+            // 255 bytes; a routing key is any short string (255 bytes).
+            if exchange.len() > limits::MAX_AMQP_NAME_BYTES {
+                let max = limits::MAX_AMQP_NAME_BYTES;
+                return Err(ValidationError::new("callback.amqp.exchange", format!("must be at most {max} bytes")));
+            }
+            if let Some(c) =
+                exchange.chars().find(|c| !(c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | ':')))
+            {
+                return Err(ValidationError::new(
+                    "callback.amqp.exchange",
+                    format!("must match [A-Za-z0-9-_.:], found {c:?}"),
+                ));
+            }
+            if routing_key.len() > limits::MAX_AMQP_NAME_BYTES {
+                let max = limits::MAX_AMQP_NAME_BYTES;
+                return Err(ValidationError::new("callback.amqp.routing_key", format!("must be at most {max} bytes")));
+            }
+            if routing_key.chars().any(char::is_control) {
+                return Err(ValidationError::new("callback.amqp.routing_key", "must not contain control characters"));
+            }
+            Ok(())
+        }
     }
 }
 

@@ -211,6 +211,26 @@ pub struct DeliveryConfig {
     /// `TOCSIN_DELIVERY__WEBHOOK_ALLOW=10.0.0.0/8,receiver.internal`.
     #[serde(deserialize_with = "list_or_comma_separated")]
     pub webhook_allow: Vec<String>,
+    /// AMQP 0-9-1 brokers (RabbitMQ) timers may publish to, by name:
+    /// `amqp_brokers.main = "amqp://user:password@rabbit:5672/%2f"`. A
+    /// timer's `callback.amqp.broker` names one; clients never give an
+    /// address. Every node of a cluster needs the same names (any node may
+    /// lead a timer's shard). In the environment:
+    /// `TOCSIN_DELIVERY__AMQP_BROKERS__MAIN=amqp://…`.
+    pub amqp_brokers: std::collections::BTreeMap<String, BrokerUrl>,
+}
+
+/// An AMQP broker's URL, which may carry a password: shown without it.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct BrokerUrl(pub String);
+
+impl std::fmt::Debug for BrokerUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let (scheme, rest) = self.0.split_once("://").unwrap_or(("", self.0.as_str()));
+        let host = rest.rsplit_once('@').map_or(rest, |(_, host)| host);
+        write!(f, "{scheme}://<redacted>@{host}")
+    }
 }
 
 impl Default for DeliveryConfig {
@@ -222,6 +242,7 @@ impl Default for DeliveryConfig {
             max_in_flight: 2_048,
             max_ready_per_topic: 1_000_000,
             webhook_allow: Vec::new(),
+            amqp_brokers: std::collections::BTreeMap::new(),
         }
     }
 }
@@ -487,6 +508,7 @@ fn is_setting(path: &[String]) -> bool {
     });
     match path {
         [first, _name, field] if first == "namespaces" => NAMESPACE_FIELDS.contains(field),
+        [first, second, _name] if first == "delivery" && second == "amqp_brokers" => true,
         _ => LEAVES.contains(path),
     }
 }
@@ -625,6 +647,25 @@ impl NodeConfig {
             return invalid("delivery.webhook_allow", "at most 1000 entries");
         }
         self.delivery.egress_policy()?;
+        if self.delivery.amqp_brokers.len() > 64 {
+            return invalid("delivery.amqp_brokers", "at most 64 brokers");
+        }
+        for (name, url) in &self.delivery.amqp_brokers {
+            let field = format!("delivery.amqp_brokers.{name}");
+            let bad = |message: &str| Err(ConfigError::Invalid { field: field.clone(), message: message.into() });
+            if tocsin_core::validate::check_callback(&tocsin_core::Callback::Amqp {
+                broker: name.clone(),
+                exchange: String::new(),
+                routing_key: String::new(),
+            })
+            .is_err()
+            {
+                return bad("a broker's name must match [a-z0-9._-], 1 to 64 bytes");
+            }
+            if !url.0.starts_with("amqp://") {
+                return bad("must be an amqp:// URL (amqp://user:password@host:5672/vhost)");
+            }
+        }
         for ns in self.namespaces.keys() {
             tocsin_core::validate::check_namespace(ns)
                 .map_err(|e| ConfigError::Invalid { field: format!("namespaces.{ns}"), message: e.message })?;

@@ -344,7 +344,11 @@ fn shared_state(
     let egress = Arc::new(config.delivery.egress_policy()?);
     let webhook =
         WebhookSender::new(config.delivery.clone(), secrets, egress).map_err(|e| StartError::Webhook(e.to_string()))?;
-    let dispatcher = Arc::new(Dispatcher { webhook: Arc::new(webhook), pull: PullHub::new(config.delivery.clone()) });
+    let dispatcher = Arc::new(Dispatcher {
+        webhook: Arc::new(webhook),
+        amqp: Arc::new(crate::shard::delivery::amqp::AmqpSender::new(&config.delivery.amqp_brokers)),
+        pull: PullHub::new(config.delivery.clone()),
+    });
     let admission = Admission::start(config.admission.clone(), config.data_dir.clone());
     admission.watch_fire_lag(fire_runtime.lag_us());
     let clock = Clock::system(config.max_clock_offset_ms);

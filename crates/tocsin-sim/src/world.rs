@@ -248,7 +248,7 @@ fn command_for(op: &Op, generations: &BTreeMap<TimerKey, u64>) -> Option<Command
             };
             Command::Create {
                 key: op.key.clone(),
-                spec,
+                spec: Box::new(spec),
                 fire_at_ms,
                 retry,
                 retention_ms: 3_600_000,

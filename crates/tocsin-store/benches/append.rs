@@ -44,7 +44,7 @@ fn entry(index: u64) -> Entry {
             now_ms: 1_800_000_000_000 + index,
             commands: vec![Command::Create {
                 key: TimerKey::new("bench", format!("timer-{index:012}")),
-                spec,
+                spec: Box::new(spec),
                 fire_at_ms: 1_800_000_060_000 + index,
                 retry: RetryPolicy {
                     max_attempts: 10,

@@ -101,6 +101,11 @@ fn json_create(r: &pb::CreateTimerRequest) -> serde_json::Value {
     match r.callback.as_ref().and_then(|c| c.target.as_ref()) {
         Some(pb::callback::Target::Webhook(w)) => v["callback"] = serde_json::json!({ "webhook": { "url": w.url } }),
         Some(pb::callback::Target::Pull(p)) => v["callback"] = serde_json::json!({ "pull": { "topic": p.topic } }),
+        Some(pb::callback::Target::Amqp(a)) => {
+            v["callback"] = serde_json::json!({
+                "amqp": { "broker": a.broker, "exchange": a.exchange, "routing_key": a.routing_key }
+            })
+        }
         None => {}
     }
     if let Some(retry) = &r.retry {

@@ -1,6 +1,7 @@
 //! End-to-end tests of the `tocsin` binary: real processes, real sockets,
 //! real RocksDB. One binary, one module per scenario.
 
+mod amqp;
 mod auth;
 mod bad_input;
 mod client_tls;

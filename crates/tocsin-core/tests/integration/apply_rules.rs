@@ -44,7 +44,7 @@ pub fn create(key: &TimerKey, spec: &TimerSpec, max_attempts: u32) -> Command {
     let FireTime::At(fire_at_ms) = spec.fire_time else { unreachable!() };
     Command::Create {
         key: key.clone(),
-        spec: spec.clone(),
+        spec: Box::new(spec.clone()),
         fire_at_ms,
         retry: RetryPolicy { max_attempts, initial_backoff_ms: 1000, max_backoff_ms: 60_000, give_up_after_ms: 0 },
         retention_ms: 3_600_000,

@@ -21,6 +21,7 @@ use tocsin_proto::v1 as pb;
 
 use crate::egress::EgressPolicy;
 use crate::error::NodeError;
+use crate::shard::delivery::amqp::AmqpSender;
 
 /// A checked key and the shard it hashes to.
 #[derive(Clone, Debug)]
@@ -86,6 +87,7 @@ pub fn create(
     limits: &Limits,
     num_shards: u32,
     egress: &EgressPolicy,
+    amqp: &AmqpSender,
 ) -> Result<ValidCreate, NodeError> {
     use pb::create_timer_request::FireTime as F;
     let target = key(&req.namespace, &req.id, num_shards)?;
@@ -103,7 +105,17 @@ pub fn create(
     let callback = match req.callback.as_ref().and_then(|c| c.target.as_ref()) {
         Some(pb::callback::Target::Webhook(w)) => Callback::Webhook { url: w.url.clone() },
         Some(pb::callback::Target::Pull(p)) => Callback::Pull { topic: p.topic.clone(), ttr_ms: p.ttr_ms },
-        None => return Err(NodeError::invalid("callback", "give callback.webhook.url or callback.pull.topic")),
+        Some(pb::callback::Target::Amqp(a)) => Callback::Amqp {
+            broker: a.broker.clone(),
+            exchange: a.exchange.clone(),
+            routing_key: a.routing_key.clone(),
+        },
+        None => {
+            return Err(NodeError::invalid(
+                "callback",
+                "give callback.webhook.url, callback.pull.topic or callback.amqp.broker",
+            ));
+        }
     };
     let retry = req.retry.as_ref().map_or(RetryPolicy::default(), |r| RetryPolicy {
         max_attempts: r.max_attempts,
@@ -130,6 +142,14 @@ pub fn create(
     if let Callback::Webhook { url } = &spec.callback {
         // The SSRF guard's create-time half (the other is at connect).
         egress.check_url(url).map_err(|e| NodeError::invalid("callback.webhook.url", e.to_string()))?;
+    }
+    if let Callback::Amqp { broker, .. } = &spec.callback
+        && !amqp.knows(broker)
+    {
+        return Err(NodeError::invalid(
+            "callback.amqp.broker",
+            format!("no AMQP broker named {broker:?} is configured (the node's delivery.amqp_brokers)"),
+        ));
     }
     validate::check_retry(&spec.retry, limits)?;
     Ok(ValidCreate { target, spec, replace_finished: req.replace_finished })
@@ -193,6 +213,11 @@ mod tests {
     fn a_create_is_checked_field_by_field_and_hashed_once() {
         let limits = Limits::default();
         let open = EgressPolicy::default();
+        let brokers = std::collections::BTreeMap::from([(
+            "main".to_string(),
+            crate::config::BrokerUrl("amqp://127.0.0.1:5672/%2f".into()),
+        )]);
+        let amqp = AmqpSender::new(&brokers);
         let mut req = pb::CreateTimerRequest {
             namespace: "orders".into(),
             id: "o-1".into(),
@@ -202,25 +227,41 @@ mod tests {
             }),
             ..Default::default()
         };
-        let valid = create(&req, &limits, 16, &open).unwrap();
+        let valid = create(&req, &limits, 16, &open, &amqp).unwrap();
         assert_eq!(valid.target.shard, tocsin_core::routing::shard_for("orders", "o-1", 16));
         assert_eq!(valid.spec.fire_time, FireTime::Delay(1000));
         req.namespace = String::new();
-        assert_eq!(field(create(&req, &limits, 16, &open).unwrap_err()), "namespace");
+        assert_eq!(field(create(&req, &limits, 16, &open, &amqp).unwrap_err()), "namespace");
         req.namespace = "orders".into();
         req.callback = None;
-        assert_eq!(field(create(&req, &limits, 16, &open).unwrap_err()), "callback");
+        assert_eq!(field(create(&req, &limits, 16, &open, &amqp).unwrap_err()), "callback");
         // The SSRF guard refuses a loopback target unless it is allowed.
         let hook = |url: &str| {
             Some(pb::Callback { target: Some(pb::callback::Target::Webhook(pb::Webhook { url: url.into() })) })
         };
         req.callback = hook("http://0x7f.1:9000/hook");
-        let refused = create(&req, &limits, 16, &open).unwrap_err();
+        let refused = create(&req, &limits, 16, &open, &amqp).unwrap_err();
         assert_eq!(field(refused.clone()), "callback.webhook.url");
         assert!(refused.to_string().contains("loopback"), "{refused}");
         let loopback = EgressPolicy::parse(&["127.0.0.0/8".into()]).unwrap();
-        assert!(create(&req, &limits, 16, &loopback).is_ok());
+        assert!(create(&req, &limits, 16, &loopback, &amqp).is_ok());
         req.callback = hook("https://example.com/hook");
-        assert!(create(&req, &limits, 16, &open).is_ok());
+        assert!(create(&req, &limits, 16, &open, &amqp).is_ok());
+        // An AMQP callback names a configured broker, never an address.
+        let amqp_to = |broker: &str, exchange: &str| {
+            Some(pb::Callback {
+                target: Some(pb::callback::Target::Amqp(pb::Amqp {
+                    broker: broker.into(),
+                    exchange: exchange.into(),
+                    routing_key: "app-a".into(),
+                })),
+            })
+        };
+        req.callback = amqp_to("main", "apps");
+        assert!(create(&req, &limits, 16, &open, &amqp).is_ok());
+        req.callback = amqp_to("other", "apps");
+        assert_eq!(field(create(&req, &limits, 16, &open, &amqp).unwrap_err()), "callback.amqp.broker");
+        req.callback = amqp_to("main", "bad exchange");
+        assert_eq!(field(create(&req, &limits, 16, &open, &amqp).unwrap_err()), "callback.amqp.exchange");
     }
 }

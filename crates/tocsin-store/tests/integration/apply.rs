@@ -30,7 +30,7 @@ const T0: u64 = 1_800_000_000_000;
 fn create(k: u32, at: u64, pull: bool) -> Command {
     Command::Create {
         key: TimerKey::new(if k.is_multiple_of(2) { "orders" } else { "alerts" }, format!("t-{k}")),
-        spec: TimerSpec {
+        spec: Box::new(TimerSpec {
             fire_time: FireTime::At(at),
             payload: vec![7; 100].into(),
             labels: BTreeMap::new(),
@@ -42,7 +42,7 @@ fn create(k: u32, at: u64, pull: bool) -> Command {
             retry: RetryPolicy::default(),
             skip_if_late_ms: 0,
             recurrence: None,
-        },
+        }),
         fire_at_ms: at,
         retry: RetryPolicy { max_attempts: 2, initial_backoff_ms: 10, max_backoff_ms: 100, give_up_after_ms: 0 },
         retention_ms: 60_000,

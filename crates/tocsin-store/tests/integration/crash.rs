@@ -165,7 +165,7 @@ fn apply_child_entry(index: u64) -> Entry {
     let now_ms = 1_800_000_000_000 + index * 10;
     let mut commands = vec![Command::Create {
         key: TimerKey::new("orders", format!("t-{index}")),
-        spec: TimerSpec {
+        spec: Box::new(TimerSpec {
             fire_time: FireTime::At(now_ms + 60_000),
             payload: vec![7; 64].into(),
             labels: Default::default(),
@@ -173,7 +173,7 @@ fn apply_child_entry(index: u64) -> Entry {
             retry: RetryPolicy::default(),
             skip_if_late_ms: 0,
             recurrence: None,
-        },
+        }),
         fire_at_ms: now_ms + 60_000,
         retry: RetryPolicy::default(),
         retention_ms: 60_000,

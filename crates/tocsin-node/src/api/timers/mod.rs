@@ -179,8 +179,13 @@ impl pb::timer_service_server::TimerService for TimerApi {
         let forwarded = is_forwarded(&request);
         let map_epoch = forward::map_epoch(&request);
         let req = request.into_inner();
-        let valid =
-            parse::create(&req, self.limits(), self.node.config.num_shards, self.node.dispatcher.webhook.egress())?;
+        let valid = parse::create(
+            &req,
+            self.limits(),
+            self.node.config.num_shards,
+            self.node.dispatcher.webhook.egress(),
+            &self.node.dispatcher.amqp,
+        )?;
         self.node.check_route(valid.target.shard, map_epoch)?;
         self.here_or_leader(forwarded, self.create_one(valid), req, |mut c, r| async move { c.create_timer(r).await })
             .await

@@ -41,7 +41,7 @@ impl TimerApi {
         let retry = validate::effective_retry(&valid.spec.retry, limits);
         Ok(Command::Create {
             key: valid.target.key,
-            spec: valid.spec,
+            spec: Box::new(valid.spec),
             fire_at_ms,
             retry,
             retention_ms: limits.retention_ms,
@@ -347,8 +347,13 @@ impl TimerApi {
         // Parse each; group the valid ones by shard.
         let mut by_shard: BTreeMap<u32, Vec<(usize, ValidCreate)>> = BTreeMap::new();
         for (i, item) in timers.iter().enumerate() {
-            match parse::create(item, self.limits(), self.node.config.num_shards, self.node.dispatcher.webhook.egress())
-            {
+            match parse::create(
+                item,
+                self.limits(),
+                self.node.config.num_shards,
+                self.node.dispatcher.webhook.egress(),
+                &self.node.dispatcher.amqp,
+            ) {
                 Ok(valid) => by_shard.entry(valid.target.shard).or_default().push((i, valid)),
                 Err(e) => results[i] = Some(Err(e)),
             }

@@ -1,6 +1,10 @@
-//! Delivery of fired timers: webhooks ([`webhook`]) and pull topics
-//! ([`pull`]), with Standard Webhooks signing (`tocsin_contract::signing`).
+//! Delivery of fired timers: webhooks ([`webhook`]), AMQP publishes
+//! ([`amqp`]) and pull topics ([`pull`]), with Standard Webhooks signing
+//! (`tocsin_contract::signing`). A push attempt's lease gate and outcome
+//! recording are shared ([`attempt`]).
 
+pub mod amqp;
+pub mod attempt;
 pub mod paused;
 pub mod pull;
 pub mod webhook;
@@ -17,6 +21,7 @@ use crate::shard::ShardCtx;
 /// Routes each dispatched timer to its delivery mechanism.
 pub struct Dispatcher {
     pub webhook: Arc<webhook::WebhookSender>,
+    pub amqp: Arc<amqp::AmqpSender>,
     pub pull: Arc<pull::PullHub>,
 }
 
@@ -37,6 +42,7 @@ impl Dispatcher {
             (Callback::Webhook { .. }, FirePhase::InFlight { .. }) => {
                 self.webhook.spawn(ctx.clone(), epoch, key, record)
             }
+            (Callback::Amqp { .. }, FirePhase::InFlight { .. }) => self.amqp.spawn(ctx.clone(), epoch, key, record),
             (Callback::Pull { .. }, FirePhase::Ready { .. }) => self.pull.offer(ctx, key, &record),
             _ => {
                 tracing::warn!(shard = ctx.shard, %key, phase = ?fire.phase, "dispatch of a timer in an unexpected phase")

@@ -57,18 +57,13 @@ use tocsin_core::command::AttemptOutcome;
 use tocsin_core::command::AttemptReport;
 use tokio::sync::Semaphore;
 
-use crate::shard::proposer::ProposeError;
-
 use crate::config::DeliveryConfig;
 use crate::egress::EgressPolicy;
 use crate::egress::GuardedResolver;
 use crate::shard::ShardCtx;
+use crate::shard::delivery::attempt;
+use crate::shard::delivery::attempt::RECORD_MARGIN_MS;
 use crate::shard::delivery::paused::Paused;
-
-/// Time kept free before an attempt's deadline to record its outcome.
-const RECORD_MARGIN_MS: u64 = 200;
-/// Shortest request worth sending.
-const MIN_REQUEST_MS: u64 = 50;
 
 /// How an attempt ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -351,7 +346,7 @@ impl WebhookSender {
                 outcome: class,
                 report,
             };
-            record_outcome(&ctx, epoch, command).await;
+            attempt::record_outcome(&ctx, epoch, command).await;
         });
     }
 
@@ -438,27 +433,7 @@ impl WebhookSender {
             }
         };
 
-        // The lease gate, right before the send: a leader that lost its quorum
-        // holds back until the lease returns or someone else leads.
-        let gate_deadline =
-            tokio::time::Instant::now() + Duration::from_millis(ctx.config.raft.election_timeout_max_ms * 4);
-        // A node that has not learned the cluster map has no cluster id to
-        // put in the delivery: it holds back like a leader without a lease
-        // (on a new cluster, for the moment between a shard's first leader
-        // and the first map).
-        while !ctx.may_dispatch(epoch) || ctx.cluster_id().is_none() {
-            if ctx.epoch() != Some(epoch) || tokio::time::Instant::now() > gate_deadline {
-                metrics::counter!("tocsin_webhook_attempts_abandoned_total", "reason" => "lease").increment(1);
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-        // What is left of the attempt's time, less the time to record it.
-        let left_ms = until_ms.saturating_sub(ctx.clock.now_ms()).saturating_sub(RECORD_MARGIN_MS);
-        if left_ms < MIN_REQUEST_MS {
-            metrics::counter!("tocsin_webhook_attempts_abandoned_total", "reason" => "deadline").increment(1);
-            return None;
-        }
+        let left_ms = attempt::gate(ctx, epoch, until_ms, "webhook").await?;
 
         let body = DeliveryJson::from_record(ctx.cluster_id().unwrap_or_default(), ctx.shard, key, record);
         let fire_id = body.fire_id.clone();
@@ -515,34 +490,6 @@ impl WebhookSender {
             }
         })
     }
-}
-
-/// Records an attempt's outcome, retrying while this node still leads under
-/// `epoch`: a proposal that fails (queue full, quorum briefly lost, timeout)
-/// is tried again rather than left to the attempt's deadline.
-async fn record_outcome(ctx: &ShardCtx, epoch: u64, command: Command) {
-    let mut delay = Duration::from_millis(20);
-    for attempt in 0..8 {
-        let proposed = match crate::fault::hit("webhook::record_outcome").await {
-            Some(_) => Err(ProposeError::Overloaded { retry_after: Duration::from_millis(100) }),
-            None => ctx.proposer.propose(command.clone()).await,
-        };
-        match proposed {
-            Ok(_) => return,
-            Err(ProposeError::NotLeader { .. } | ProposeError::Discarded { .. }) => return,
-            Err(e) if ctx.epoch() != Some(epoch) => {
-                tracing::debug!(shard = ctx.shard, error = %e, "could not record a webhook outcome; no longer leading");
-                return;
-            }
-            Err(e) => {
-                tracing::debug!(shard = ctx.shard, attempt, error = %e, "recording a webhook outcome failed; retrying");
-                metrics::counter!("tocsin_webhook_outcome_retries_total").increment(1);
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(1));
-            }
-        }
-    }
-    // The attempt's deadline starts the next attempt.
 }
 
 /// An HTTP status's class: `2xx` … `5xx`.

@@ -1,0 +1,73 @@
+//! What every push attempt (a webhook request, an AMQP publish) does
+//! around its send: the lease gate right before it, and recording its
+//! outcome after.
+//!
+//! An attempt has a deadline in replicated state (its `InFlight` phase's
+//! `until_ms`); one that cannot be sent in time, or whose outcome cannot be
+//! recorded, is simply left, and the deadline starts the next attempt.
+
+use std::time::Duration;
+
+use tocsin_core::Command;
+
+use crate::shard::ShardCtx;
+use crate::shard::proposer::ProposeError;
+
+/// Time kept free before an attempt's deadline to record its outcome.
+pub const RECORD_MARGIN_MS: u64 = 200;
+/// Shortest send worth starting.
+const MIN_SEND_MS: u64 = 50;
+
+/// The lease gate, right before a send: a leader that lost its quorum holds
+/// back until the lease returns or someone else leads. A node that has not
+/// learned the cluster map has no cluster id to put in the delivery: it
+/// holds back likewise (on a new cluster, for the moment between a shard's
+/// first leader and the first map). Returns the time the send may take
+/// (what is left of the attempt, less the time to record it), or `None`
+/// when the attempt is to be left to its deadline. `sink` labels the
+/// abandoned-attempt counter.
+pub async fn gate(ctx: &ShardCtx, epoch: u64, until_ms: u64, sink: &'static str) -> Option<u64> {
+    let gate_deadline =
+        tokio::time::Instant::now() + Duration::from_millis(ctx.config.raft.election_timeout_max_ms * 4);
+    while !ctx.may_dispatch(epoch) || ctx.cluster_id().is_none() {
+        if ctx.epoch() != Some(epoch) || tokio::time::Instant::now() > gate_deadline {
+            metrics::counter!("tocsin_attempts_abandoned_total", "sink" => sink, "reason" => "lease").increment(1);
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let left_ms = until_ms.saturating_sub(ctx.clock.now_ms()).saturating_sub(RECORD_MARGIN_MS);
+    if left_ms < MIN_SEND_MS {
+        metrics::counter!("tocsin_attempts_abandoned_total", "sink" => sink, "reason" => "deadline").increment(1);
+        return None;
+    }
+    Some(left_ms)
+}
+
+/// Records an attempt's outcome, retrying while this node still leads under
+/// `epoch`: a proposal that fails (queue full, quorum briefly lost, timeout)
+/// is tried again rather than left to the attempt's deadline.
+pub async fn record_outcome(ctx: &ShardCtx, epoch: u64, command: Command) {
+    let mut delay = Duration::from_millis(20);
+    for attempt in 0..8 {
+        let proposed = match crate::fault::hit("webhook::record_outcome").await {
+            Some(_) => Err(ProposeError::Overloaded { retry_after: Duration::from_millis(100) }),
+            None => ctx.proposer.propose(command.clone()).await,
+        };
+        match proposed {
+            Ok(_) => return,
+            Err(ProposeError::NotLeader { .. } | ProposeError::Discarded { .. }) => return,
+            Err(e) if ctx.epoch() != Some(epoch) => {
+                tracing::debug!(shard = ctx.shard, error = %e, "could not record an attempt outcome; no longer leading");
+                return;
+            }
+            Err(e) => {
+                tracing::debug!(shard = ctx.shard, attempt, error = %e, "recording an attempt outcome failed; retrying");
+                metrics::counter!("tocsin_attempt_outcome_retries_total").increment(1);
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(1));
+            }
+        }
+    }
+    // The attempt's deadline starts the next attempt.
+}
