@@ -7,9 +7,11 @@
 //! - **I2 cancelled then delivered**: a timer whose cancel answered
 //!   CANCELLED (or CANCELLED_WHILE_FIRING: it had fired, and its delivery
 //!   was retrying) is delivered only if the delivery's attempt started before
-//!   the cancel was applied (`attempt_index < cancel applied_index`): that is
-//!   "in flight", shown by the log indexes. Any other such delivery is a
-//!   violation.
+//!   the cancel was applied (`attempt_index <= cancel applied_index`: one
+//!   entry can carry both the `Fire` and, after it, the cancel, which then
+//!   answers CANCELLED_WHILE_FIRING; a `Fire` after a cancel in the same
+//!   entry starts nothing): that is "in flight", shown by the log indexes.
+//!   Any other such delivery is a violation.
 //! - **I4 fencing**: per shard, no delivery the receiver accepted carries an
 //!   epoch below one it accepted earlier; and over every delivery that
 //!   reached the receiver (accepted or not), epochs order attempts the way
@@ -330,7 +332,7 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
                     let in_flight = deliveries
                         .iter()
                         .filter(|x| x.id == *id && x.verdict == Verdict::Accepted)
-                        .all(|x| x.attempt_index != 0 && x.attempt_index < c.applied_index);
+                        .all(|x| x.attempt_index != 0 && x.attempt_index <= c.applied_index);
                     if in_flight {
                         report.cancelled_in_flight_excused += 1;
                     } else {
@@ -468,6 +470,52 @@ mod tests {
         std::fs::write(&dels, format!("{a}\n{renamed}\n{b}\n")).unwrap();
         assert!(read_deliveries(&dels).is_err(), "a renamed verdict must fail the check");
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Seen in the full matrix (flapping-partitions, 2026-11-26): a `Fire`
+    /// and a cancel proposed at the same moment share one log entry; the
+    /// cancel, applied after the fire, answers CANCELLED_WHILE_FIRING with
+    /// the entry's index, which is the attempt's index too. That delivery
+    /// was in flight; one started by a later entry is not.
+    #[test]
+    fn an_attempt_started_in_the_cancels_own_entry_was_in_flight() {
+        let dir = std::env::temp_dir().join(format!("tocsin-check-i2-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ops, dels) = (dir.join("ops.ndjson"), dir.join("deliveries.ndjson"));
+        std::fs::write(
+            &ops,
+            concat!(
+                r#"{"op":"create","id":"a","fire_at_ms":1000,"invoke_ms":0,"complete_ms":1,"outcome":"ok","created_at_ms":1}"#,
+                "\n",
+                r#"{"op":"create","id":"b","fire_at_ms":1000,"invoke_ms":0,"complete_ms":1,"outcome":"ok","created_at_ms":1}"#,
+                "\n",
+                r#"{"op":"cancel","id":"a","invoke_ms":990,"complete_ms":1010,"outcome":"cancelled_while_firing","applied_index":7}"#,
+                "\n",
+                r#"{"op":"cancel","id":"b","invoke_ms":990,"complete_ms":1010,"outcome":"cancelled_while_firing","applied_index":7}"#,
+                "\n",
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            &dels,
+            concat!(
+                r#"{"recv_ms":1005,"verdict":"accepted","id":"a","shard":0,"epoch":1,"fire_id":"f1","attempt_index":7,"fire_at_ms":1000}"#,
+                "\n",
+                r#"{"recv_ms":1020,"verdict":"accepted","id":"b","shard":0,"epoch":1,"fire_id":"f2","attempt_index":8,"fire_at_ms":1000}"#,
+                "\n",
+            ),
+        )
+        .unwrap();
+        let inputs = Inputs {
+            ops: &ops,
+            deliveries: std::slice::from_ref(&dels),
+            fault: None,
+            lateness_prefixes: &[],
+            early_tolerance_ms: 0,
+        };
+        let r = check(&inputs).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert_eq!((r.cancelled_in_flight_excused, r.cancelled_then_delivered), (1, 1));
     }
 
     #[test]

@@ -130,6 +130,15 @@ pub fn openraft_config(tuning: &RaftTuning) -> Arc<openraft::Config> {
         // keeps it readable), not after the core's whole batch of messages:
         // the leader's fsync and the followers' then run side by side.
         broadcast_submitted_on_append: Some(true),
+        // A leader that restarts must win a new election, in a new term. With
+        // openraft's default (restore leadership at once, same term), a
+        // leader killed before its own fsync of an entry it had already sent
+        // (see the line above) comes back without that entry and proposes a
+        // different one under the same log id: two replicas then hold
+        // different committed entries at one index. Seen in the chaos
+        // matrix's kill-all row (2026-11-26): shard 1's entry T2-N2.216 was a
+        // cancel on one node and a batch of creates on the others.
+        enable_leader_restore: Some(false),
         ..Default::default()
     };
     Arc::new(config.validate().expect("tuning was validated with the node config"))
