@@ -472,6 +472,26 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// Checks the operations and deliveries given as NDJSON lines, written to
+    /// a scratch directory of the test's own.
+    fn check_lines(test: &str, ops: &[&str], deliveries: &[&str]) -> Report {
+        let dir = std::env::temp_dir().join(format!("tocsin-check-{test}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let (ops_path, dels_path) = (dir.join("ops.ndjson"), dir.join("deliveries.ndjson"));
+        std::fs::write(&ops_path, ops.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+        std::fs::write(&dels_path, deliveries.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+        let inputs = Inputs {
+            ops: &ops_path,
+            deliveries: std::slice::from_ref(&dels_path),
+            fault: None,
+            lateness_prefixes: &[],
+            early_tolerance_ms: 0,
+        };
+        let report = check(&inputs).unwrap();
+        std::fs::remove_dir_all(&dir).unwrap();
+        report
+    }
+
     /// Seen in the full matrix (flapping-partitions, 2026-11-26): a `Fire`
     /// and a cancel proposed at the same moment share one log entry; the
     /// cancel, applied after the fire, answers CANCELLED_WHILE_FIRING with
@@ -479,84 +499,39 @@ mod tests {
     /// was in flight; one started by a later entry is not.
     #[test]
     fn an_attempt_started_in_the_cancels_own_entry_was_in_flight() {
-        let dir = std::env::temp_dir().join(format!("tocsin-check-i2-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (ops, dels) = (dir.join("ops.ndjson"), dir.join("deliveries.ndjson"));
-        std::fs::write(
-            &ops,
-            concat!(
+        let r = check_lines(
+            "i2",
+            &[
                 r#"{"op":"create","id":"a","fire_at_ms":1000,"invoke_ms":0,"complete_ms":1,"outcome":"ok","created_at_ms":1}"#,
-                "\n",
                 r#"{"op":"create","id":"b","fire_at_ms":1000,"invoke_ms":0,"complete_ms":1,"outcome":"ok","created_at_ms":1}"#,
-                "\n",
                 r#"{"op":"cancel","id":"a","invoke_ms":990,"complete_ms":1010,"outcome":"cancelled_while_firing","applied_index":7}"#,
-                "\n",
                 r#"{"op":"cancel","id":"b","invoke_ms":990,"complete_ms":1010,"outcome":"cancelled_while_firing","applied_index":7}"#,
-                "\n",
-            ),
-        )
-        .unwrap();
-        std::fs::write(
-            &dels,
-            concat!(
+            ],
+            &[
                 r#"{"recv_ms":1005,"verdict":"accepted","id":"a","shard":0,"epoch":1,"fire_id":"f1","attempt_index":7,"fire_at_ms":1000}"#,
-                "\n",
                 r#"{"recv_ms":1020,"verdict":"accepted","id":"b","shard":0,"epoch":1,"fire_id":"f2","attempt_index":8,"fire_at_ms":1000}"#,
-                "\n",
-            ),
-        )
-        .unwrap();
-        let inputs = Inputs {
-            ops: &ops,
-            deliveries: std::slice::from_ref(&dels),
-            fault: None,
-            lateness_prefixes: &[],
-            early_tolerance_ms: 0,
-        };
-        let r = check(&inputs).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
+            ],
+        );
         assert_eq!((r.cancelled_in_flight_excused, r.cancelled_then_delivered), (1, 1));
     }
 
     #[test]
     fn lateness_counts_from_creation_when_the_create_came_after_the_fire_time() {
-        let dir = std::env::temp_dir().join(format!("tocsin-check-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let (ops, dels) = (dir.join("ops.ndjson"), dir.join("deliveries.ndjson"));
         // "a" is on time-ish (30 ms late); "b" was created 2 s after its fire
         // time and delivered 40 ms after creation; "c" was acknowledged and
         // never delivered.
-        std::fs::write(
-            &ops,
-            concat!(
+        let r = check_lines(
+            "lateness",
+            &[
                 r#"{"op":"create","id":"a","fire_at_ms":1000,"invoke_ms":0,"complete_ms":1,"outcome":"ok","created_at_ms":1}"#,
-                "\n",
                 r#"{"op":"create","id":"b","fire_at_ms":1000,"invoke_ms":0,"complete_ms":3001,"outcome":"ok","created_at_ms":3000}"#,
-                "\n",
                 r#"{"op":"create","id":"c","fire_at_ms":1000,"invoke_ms":0,"complete_ms":1,"outcome":"ok","created_at_ms":1}"#,
-                "\n",
-            ),
-        )
-        .unwrap();
-        std::fs::write(
-            &dels,
-            concat!(
+            ],
+            &[
                 r#"{"recv_ms":1030,"verdict":"accepted","id":"a","shard":0,"epoch":1,"fire_id":"f1","attempt_index":5,"fire_at_ms":1000}"#,
-                "\n",
                 r#"{"recv_ms":3040,"verdict":"accepted","id":"b","shard":0,"epoch":1,"fire_id":"f2","attempt_index":6,"fire_at_ms":1000}"#,
-                "\n",
-            ),
-        )
-        .unwrap();
-        let inputs = Inputs {
-            ops: &ops,
-            deliveries: std::slice::from_ref(&dels),
-            fault: None,
-            lateness_prefixes: &[],
-            early_tolerance_ms: 0,
-        };
-        let r = check(&inputs).unwrap();
-        std::fs::remove_dir_all(&dir).unwrap();
+            ],
+        );
         assert_eq!((r.must_fire, r.lost, r.created_overdue, r.early), (3, 1, 1, 0));
         assert_eq!(r.lateness.max_ms, 40);
         assert!(!r.failures(1_000).is_empty(), "a lost timer fails the run");

@@ -40,7 +40,6 @@ use lapin::types::AMQPValue;
 use lapin::types::FieldTable;
 use tocsin_contract::json::DeliveryJson;
 use tocsin_core::Callback;
-use tocsin_core::Command;
 use tocsin_core::FirePhase;
 use tocsin_core::TimerKey;
 use tocsin_core::TimerRecord;
@@ -117,8 +116,7 @@ impl AmqpSender {
             let now = ctx.clock.now_ms();
             let (outcome, class) = match published {
                 Ok(()) => {
-                    metrics::histogram!("tocsin_delivery_latency_seconds", "namespace" => crate::labels::namespace(&key.namespace))
-                        .record(now.saturating_sub(record.fire_at_ms) as f64 / 1000.0);
+                    attempt::observe_delivered(&key, record.fire_at_ms, now);
                     (AttemptOutcome::Delivered, "ack")
                 }
                 Err((error, class)) => {
@@ -127,14 +125,7 @@ impl AmqpSender {
                 }
             };
             metrics::counter!("tocsin_amqp_publishes_total", "class" => class).increment(1);
-            let command = Command::AttemptResult {
-                key,
-                fire_index: fire.fire_index,
-                attempt: fire.attempt,
-                outcome,
-                report: AttemptReport::new(0, class, latency_ms),
-            };
-            attempt::record_outcome(&ctx, epoch, command).await;
+            attempt::record(&ctx, epoch, key, &fire, outcome, AttemptReport::new(0, class, latency_ms)).await;
         });
     }
 

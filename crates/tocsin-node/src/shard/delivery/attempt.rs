@@ -9,6 +9,10 @@
 use std::time::Duration;
 
 use tocsin_core::Command;
+use tocsin_core::FireRecord;
+use tocsin_core::TimerKey;
+use tocsin_core::command::AttemptOutcome;
+use tocsin_core::command::AttemptReport;
 
 use crate::shard::ShardCtx;
 use crate::shard::proposer::ProposeError;
@@ -44,10 +48,31 @@ pub async fn gate(ctx: &ShardCtx, epoch: u64, until_ms: u64, sink: &'static str)
     Some(left_ms)
 }
 
+/// Counts a delivery's latency (fire time to acknowledgement) in its
+/// namespace's histogram.
+pub fn observe_delivered(key: &TimerKey, fire_at_ms: u64, now_ms: u64) {
+    metrics::histogram!("tocsin_delivery_latency_seconds", "namespace" => crate::labels::namespace(&key.namespace))
+        .record(now_ms.saturating_sub(fire_at_ms) as f64 / 1000.0);
+}
+
+/// Records how the attempt `fire` has under way ended (see
+/// [`record_outcome`]).
+pub async fn record(
+    ctx: &ShardCtx,
+    epoch: u64,
+    key: TimerKey,
+    fire: &FireRecord,
+    outcome: AttemptOutcome,
+    report: AttemptReport,
+) {
+    let command = Command::AttemptResult { key, fire_index: fire.fire_index, attempt: fire.attempt, outcome, report };
+    record_outcome(ctx, epoch, command).await;
+}
+
 /// Records an attempt's outcome, retrying while this node still leads under
 /// `epoch`: a proposal that fails (queue full, quorum briefly lost, timeout)
 /// is tried again rather than left to the attempt's deadline.
-pub async fn record_outcome(ctx: &ShardCtx, epoch: u64, command: Command) {
+async fn record_outcome(ctx: &ShardCtx, epoch: u64, command: Command) {
     let mut delay = Duration::from_millis(20);
     for attempt in 0..8 {
         let proposed = match crate::fault::hit("webhook::record_outcome").await {

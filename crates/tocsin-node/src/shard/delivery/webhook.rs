@@ -45,7 +45,6 @@ use std::time::Duration;
 use tocsin_contract::headers;
 use tocsin_contract::json::DeliveryJson;
 use tocsin_contract::signing;
-use tocsin_core::Command;
 use tocsin_core::TimerKey;
 use tocsin_core::TimerRecord;
 use tocsin_core::breaker::Breaker;
@@ -309,8 +308,7 @@ impl WebhookSender {
             let now = ctx.clock.now_ms();
             let class = match &outcome {
                 Outcome::Delivered => {
-                    metrics::histogram!("tocsin_delivery_latency_seconds", "namespace" => crate::labels::namespace(&key.namespace))
-                        .record(now.saturating_sub(record.fire_at_ms) as f64 / 1000.0);
+                    attempt::observe_delivered(&key, record.fire_at_ms, now);
                     AttemptOutcome::Delivered
                 }
                 Outcome::GiveUp { error } => AttemptOutcome::GiveUp { error: error.clone() },
@@ -339,14 +337,7 @@ impl WebhookSender {
                     }
                 }
             };
-            let command = Command::AttemptResult {
-                key,
-                fire_index: fire.fire_index,
-                attempt: fire.attempt,
-                outcome: class,
-                report,
-            };
-            attempt::record_outcome(&ctx, epoch, command).await;
+            attempt::record(&ctx, epoch, key, &fire, class, report).await;
         });
     }
 
