@@ -79,22 +79,29 @@ pub struct ServeArgs {
     peer_tls_dir: Option<PathBuf>,
 }
 
-fn init_logging(filter: &str) {
+fn init_logging(filter: &str, format: tocsin_node::config::LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .try_init();
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let _ = match format {
+        // One JSON object per line, with the event's target (`access` for
+        // the access log) so a pipeline can route by it.
+        tocsin_node::config::LogFormat::Json => builder.json().with_current_span(false).try_init(),
+        tocsin_node::config::LogFormat::Text => {
+            builder.with_target(false).with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr())).try_init()
+        }
+    };
     // Test builds only: fault points armed by the FAILPOINTS variable.
     tocsin_node::fault::setup_from_env();
 }
 
 fn install_metrics() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
     let buckets = [0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
-    metrics_exporter_prometheus::PrometheusBuilder::new().set_buckets(&buckets).ok()?.install_recorder().ok()
+    let handle =
+        metrics_exporter_prometheus::PrometheusBuilder::new().set_buckets(&buckets).ok()?.install_recorder().ok()?;
+    // `# HELP` and units for every metric, whether or not it has a value yet.
+    tocsin_node::telemetry::describe();
+    Some(handle)
 }
 
 /// Loads the config again, as at start (SIGHUP).
@@ -153,7 +160,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     // A dev node's receivers run on the same machine: the SSRF guard lets
     // loopback through (and the banner says so); `tocsin serve` does not.
     config.delivery.webhook_allow = DEV_WEBHOOK_ALLOW.iter().map(|s| s.to_string()).collect();
-    init_logging(&config.log);
+    init_logging(&config.log, config.log_format);
     let shards = config.num_shards;
     let data = args.data.display().to_string();
     run_until_signal(config, None, |node| {
@@ -250,7 +257,7 @@ fn serve_config(args: &ServeArgs) -> anyhow::Result<(NodeConfig, Vec<String>)> {
 
 pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let (config, ignored) = serve_config(&args)?;
-    init_logging(&config.log);
+    init_logging(&config.log, config.log_format);
     for name in ignored {
         tracing::warn!(
             variable = %name,

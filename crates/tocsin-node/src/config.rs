@@ -70,6 +70,12 @@ pub struct NodeConfig {
     pub namespaces: BTreeMap<String, NamespaceConfig>,
     /// Log filter, as `RUST_LOG` (which takes precedence).
     pub log: String,
+    /// `text` (the default, for a terminal) or `json` (one object per line,
+    /// for a log pipeline).
+    pub log_format: LogFormat,
+    /// One log line per client request (gRPC and HTTP: method or route,
+    /// status, duration, peer), at INFO under the target `access`.
+    pub access_log: bool,
     /// How far this node's wall clock may be from its peers' (measured over
     /// Raft round trips) before it stops firing and hands its leaderships
     /// over; also the largest wall-clock step it follows without asking
@@ -102,9 +108,20 @@ impl Default for NodeConfig {
             client_tls: ClientTlsConfig::default(),
             namespaces: BTreeMap::new(),
             log: "info".into(),
+            log_format: LogFormat::Text,
+            access_log: false,
             max_clock_offset_ms: 500,
         }
     }
+}
+
+/// How log lines are written.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    #[default]
+    Text,
+    Json,
 }
 
 /// Raft timings. The defaults are tuned for sub-second failover on a LAN:

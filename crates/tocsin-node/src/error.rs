@@ -1,12 +1,12 @@
 //! The node's errors: [`NodeError`], everything a request can fail with in
-//! any layer, with its wire form (a gRPC status whose details carry an
-//! encoded `ErrorInfo`; the HTTP form is the API layer's), and
+//! any layer, with its wire form (a gRPC status whose details are a
+//! standard `google.rpc.Status`, see `tocsin_contract::codes`; the HTTP form
+//! is the API layer's), and
 //! [`StartError`], why a node could not start. Each request error tells a
 //! client what it needs to retry: the field at fault, the leader to go to,
 //! or how long to wait. The code names are the contract's
 //! (`tocsin_contract::codes`).
 
-use prost::Message;
 use tocsin_core::ValidationError;
 use tocsin_proto::v1 as pb;
 
@@ -102,8 +102,7 @@ impl NodeError {
 
 impl From<NodeError> for tonic::Status {
     fn from(e: NodeError) -> Self {
-        let info = e.info();
-        tonic::Status::with_details(e.code(), info.message.clone(), info.encode_to_vec().into())
+        tocsin_contract::codes::status_of(e.code(), &e.info())
     }
 }
 

@@ -50,6 +50,7 @@ pub mod node;
 pub mod peer_tls;
 pub mod runtime;
 pub mod shard;
+pub mod telemetry;
 pub mod testing;
 
 pub use config::NodeConfig;

@@ -428,8 +428,12 @@ async fn serve_client_grpc(
         .max_decoding_message_size(max)
         .max_encoding_message_size(64 << 20);
     let admin = pb::admin_service_server::AdminServiceServer::new(AdminApi::new(state.clone()));
+    let (health, health_service) = tonic_health::server::health_reporter();
+    tokio::spawn(report_health(state.clone(), health, shutdown.clone()));
+    let (reflection_v1, reflection_v1alpha) = reflection_services();
     let router = tonic::transport::Server::builder()
         .tcp_nodelay(true)
+        .layer(crate::telemetry::GrpcRequestsLayer::new(state.config.access_log))
         // As on the peer port (see there): a client whose calls time out
         // resets their streams, and with h2's default of 20 the server
         // closed the client's whole connection, failing every other call on
@@ -439,6 +443,9 @@ async fn serve_client_grpc(
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESET_STREAMS))
         .add_service(timers)
         .add_service(admin)
+        .add_service(health_service)
+        .add_service(reflection_v1)
+        .add_service(reflection_v1alpha)
         .add_service(crate::api::peer::RefuseTransport)
         .add_service(crate::api::peer::RefuseReplicas);
     let stopped = async move {
@@ -464,6 +471,74 @@ async fn serve_client_grpc(
     if let Err(e) = result {
         tracing::error!(error = %e, "client grpc server stopped");
     }
+}
+
+/// The services a client port lists through gRPC health and reflection.
+const CLIENT_SERVICES: [&str; 2] = ["tocsin.v1.TimerService", "tocsin.v1.AdminService"];
+
+/// Keeps `grpc.health.v1.Health` in step with readiness
+/// (`NodeState::not_ready_reason`, what `GET /readyz` answers): the whole
+/// server (`""`) and each client service are SERVING exactly when the node
+/// is ready, so Kubernetes gRPC probes and gRPC load balancers see what the
+/// HTTP probe sees. NOT_SERVING from the moment shutdown begins, so
+/// balancers drain the node while it hands over its leaderships.
+async fn report_health(
+    state: Arc<NodeState>,
+    reporter: tonic_health::server::HealthReporter,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    use tonic_health::ServingStatus;
+    let mut last = None;
+    loop {
+        let status =
+            if state.not_ready_reason().is_none() { ServingStatus::Serving } else { ServingStatus::NotServing };
+        if last != Some(status) {
+            for name in std::iter::once("").chain(CLIENT_SERVICES) {
+                reporter.set_service_status(name, status).await;
+            }
+            last = Some(status);
+        }
+        let stopping = tokio::select! {
+            _ = tokio::time::sleep(Duration::from_millis(250)) => false,
+            _ = shutdown.wait_for(|s| *s) => true,
+        };
+        if stopping {
+            for name in std::iter::once("").chain(CLIENT_SERVICES) {
+                reporter.set_service_status(name, ServingStatus::NotServing).await;
+            }
+            return;
+        }
+    }
+}
+
+/// Server reflection (v1 and v1alpha, which older grpcurl builds ask for):
+/// lists the client services, health and reflection itself, and describes
+/// every message they use. The peer services' files are in the descriptor
+/// set, but they are not listed: this port refuses them.
+fn reflection_services() -> (
+    tonic_reflection::server::v1::ServerReflectionServer<impl tonic_reflection::server::v1::ServerReflection>,
+    tonic_reflection::server::v1alpha::ServerReflectionServer<impl tonic_reflection::server::v1alpha::ServerReflection>,
+) {
+    let builder = || {
+        let mut b = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(tocsin_proto::FILE_DESCRIPTOR_SET)
+            .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+            .with_service_name("grpc.health.v1.Health");
+        for name in CLIENT_SERVICES {
+            b = b.with_service_name(name);
+        }
+        b
+    };
+    // The descriptor sets are compiled in; a failure here is a build defect.
+    let v1 = builder()
+        .with_service_name("grpc.reflection.v1.ServerReflection")
+        .build_v1()
+        .expect("the compiled-in descriptor sets are valid");
+    let v1alpha = builder()
+        .with_service_name("grpc.reflection.v1alpha.ServerReflection")
+        .build_v1alpha()
+        .expect("the compiled-in descriptor sets are valid");
+    (v1, v1alpha)
 }
 
 /// The peer port: Raft links and transport, replica control, requests

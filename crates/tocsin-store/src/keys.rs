@@ -228,6 +228,14 @@ pub fn horizon_key(group: GroupId, namespace: &str, minute: u64) -> Vec<u8> {
     k
 }
 
+/// The namespace of a `horizon` key (`group · ns length · namespace ·
+/// minute`), if the key is well formed.
+pub fn horizon_namespace(key: &[u8]) -> Option<String> {
+    let (&ns_len, rest) = key.get(8..)?.split_first()?;
+    let ns = rest.get(..ns_len as usize)?;
+    (rest.len() == ns_len as usize + 8).then(|| String::from_utf8(ns.to_vec()).ok()).flatten()
+}
+
 /// Replaces the group prefix of a key: snapshots store keys without it.
 pub fn strip_group(key: &[u8]) -> &[u8] {
     &key[8..]

@@ -248,6 +248,36 @@ impl Store {
         }
     }
 
+    /// The unfinished timers of every namespace that has any in `group`
+    /// (see [`Store::pending_count`]), at most `max` namespaces: one seek
+    /// per namespace, for the metrics.
+    pub fn pending_by_namespace(&self, group: GroupId, max: usize) -> io::Result<Vec<(String, u64)>> {
+        let prefix = group.to_be_bytes();
+        let mut iter = self.db().raw_iterator_cf(self.cf(keys::CF_HORIZON));
+        iter.seek(prefix);
+        let mut out = Vec::new();
+        while out.len() < max {
+            let Some(key) = iter.key().filter(|k| k.starts_with(&prefix)) else { break };
+            let Some(namespace) = keys::horizon_namespace(key) else { break };
+            // The pending counter is the namespace's last key (minute
+            // u64::MAX); without one, the seek lands on the next namespace.
+            let pending_key = keys::horizon_key(group, &namespace, keys::PENDING_MINUTE);
+            iter.seek(&pending_key);
+            if iter.key() == Some(pending_key.as_slice()) {
+                let value = iter.value().unwrap_or_default();
+                let count: [u8; 8] =
+                    value.try_into().map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "pending counter"))?;
+                let count = u64::from_be_bytes(count);
+                if count > 0 {
+                    out.push((namespace, count));
+                }
+                iter.next();
+            }
+        }
+        iter.status().map_err(to_io)?;
+        Ok(out)
+    }
+
     /// A digest of the group's timers (key, state, fire time, generation),
     /// equal on replicas that applied the same log: the chaos checker's
     /// replica-agreement check. Also returns the number of timers.

@@ -3,7 +3,6 @@
 //! and the free-disk watermark; and a node started among environment
 //! variables that are not its settings.
 
-use prost::Message;
 use tocsin_client::v1 as pb;
 use tocsin_client::v1::timer_service_client::TimerServiceClient;
 
@@ -81,8 +80,28 @@ fn bad_creates() -> Vec<(&'static str, pb::CreateTimerRequest, tonic::Code, u16,
     ]
 }
 
+/// Tocsin's `ErrorInfo` from a failed status, after checking that the
+/// standard details any gRPC client reads (`google.rpc.Status`: ErrorInfo,
+/// BadRequest, RetryInfo) say the same.
 fn info(status: &tonic::Status) -> pb::ErrorInfo {
-    pb::ErrorInfo::decode(status.details()).expect("status carries ErrorInfo")
+    use tonic_types::StatusExt;
+    let details = status.check_error_details().expect("details are a google.rpc.Status");
+    let info = tocsin_contract::codes::info_of(status);
+    let standard = details.error_info().expect("google.rpc.ErrorInfo");
+    assert_eq!(standard.domain, tocsin_contract::codes::ERROR_DOMAIN);
+    assert_eq!(standard.metadata.get("code"), Some(&info.code), "{status:?}");
+    let fields: Vec<&str> = details
+        .bad_request()
+        .map(|b| b.field_violations.iter().map(|v| v.field.as_str()).collect())
+        .unwrap_or_default();
+    if info.field.is_empty() {
+        assert!(fields.is_empty(), "{status:?}");
+    } else {
+        assert_eq!(fields, [info.field.as_str()], "{status:?}");
+    }
+    let retry_ms = details.retry_info().and_then(|r| r.retry_delay).map(|d| d.as_millis() as u64);
+    assert_eq!(retry_ms.unwrap_or(0), info.retry_after_ms, "{status:?}");
+    info
 }
 
 fn json_create(r: &pb::CreateTimerRequest) -> serde_json::Value {

@@ -240,7 +240,7 @@ async fn add_drain_remove_and_decommission_under_load() {
     };
     let refused = raw.create_timer(create(1)).await.expect_err("a stale route must be refused");
     assert_eq!(refused.code(), tonic::Code::Aborted, "{refused:?}");
-    let info = <pb::ErrorInfo as prost::Message>::decode(refused.details()).unwrap();
+    let info = tocsin_contract::codes::info_of(&refused);
     assert_eq!(info.map_epoch, epoch_after_add);
     assert!(info.message.contains("stale shard map"), "{}", info.message);
     raw.create_timer(create(epoch_after_add)).await.expect("routed by the current map");

@@ -19,7 +19,6 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use prost::Message;
 use tocsin_client::v1 as pb;
 use tocsin_client::v1::timer_service_client::TimerServiceClient;
 
@@ -141,7 +140,7 @@ async fn webhook_targets_off_the_allowlist_reach_nothing() {
         req.callback = hook(url);
         let err = grpc.create_timer(req.clone()).await.expect_err(url);
         assert_eq!(err.code(), tonic::Code::InvalidArgument, "{url}: {err:?}");
-        let info = pb::ErrorInfo::decode(err.details()).expect("ErrorInfo");
+        let info = tocsin_contract::codes::info_of(&err);
         assert_eq!(info.field, "callback.webhook.url", "{url}");
         assert!(err.message().contains("egress policy"), "{url}: {}", err.message());
 

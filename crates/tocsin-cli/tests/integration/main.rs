@@ -11,6 +11,7 @@ mod cluster_ops;
 mod egress;
 mod failure_path;
 mod faults;
+mod grpc_conventions;
 mod lifecycle;
 mod peer_port;
 mod peer_tls;

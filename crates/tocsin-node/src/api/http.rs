@@ -22,7 +22,6 @@
 //! "leader", …}}` with the HTTP status of the gRPC code. The body size is
 //! checked while reading, before the JSON is parsed.
 
-use openraft::async_runtime::WatchReceiver as _;
 use std::collections::HashMap;
 use std::sync::Arc;
 
@@ -86,11 +85,43 @@ pub fn router(node: Arc<NodeState>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics_text))
-        .fallback(|| async { error_response(tonic::Code::NotFound, "no such route", "") })
+        .route_layer(axum::middleware::from_fn_with_state(state.node.clone(), observe))
+        .fallback(|State(s): State<HttpState>, method: axum::http::Method| async move {
+            let started = std::time::Instant::now();
+            let resp = error_response(tonic::Code::NotFound, "no such route", "");
+            crate::telemetry::observe_http(
+                &method,
+                "unmatched",
+                resp.status().as_u16(),
+                started,
+                s.node.config.access_log,
+            );
+            resp
+        })
         .layer(axum::middleware::from_fn_with_state(state.node.clone(), carry_authorization))
         .layer(DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::map_response(move |resp: Response| async move { json_413(resp, max_body) }))
         .with_state(state)
+}
+
+/// Per-route request metrics and the access log (`crate::telemetry`).
+async fn observe(
+    State(node): State<Arc<NodeState>>,
+    route: axum::extract::MatchedPath,
+    request: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let started = std::time::Instant::now();
+    let method = request.method().clone();
+    let response = next.run(request).await;
+    crate::telemetry::observe_http(
+        &method,
+        route.as_str(),
+        response.status().as_u16(),
+        started,
+        node.config.access_log,
+    );
+    response
 }
 
 tokio::task_local! {
@@ -655,30 +686,11 @@ async fn cluster(State(s): State<HttpState>) -> Response {
     .into_response()
 }
 
-/// Ready when every shard this node hosts has a leader somewhere and the
-/// store accepts writes.
+/// Ready when the node can serve requests (`NodeState::not_ready_reason`).
 async fn ready(State(s): State<HttpState>) -> Response {
-    if s.node.store.has_failed() {
-        return (StatusCode::SERVICE_UNAVAILABLE, "store failed\n").into_response();
-    }
-    let leaderless: Vec<u32> = s
-        .node
-        .shards
-        .all()
-        .into_iter()
-        .filter(|ctx| ctx.raft.metrics().borrow_watched().current_leader.is_none())
-        .map(|ctx| ctx.shard)
-        .collect();
-    let meta_leaderless = s.node.meta().is_some_and(|m| m.raft.metrics().borrow_watched().current_leader.is_none());
-    let no_map = s.node.meta().is_some() && !s.node.map.get().is_bootstrapped();
-    if leaderless.is_empty() && meta_leaderless {
-        (StatusCode::SERVICE_UNAVAILABLE, "the metadata group has no leader\n").into_response()
-    } else if leaderless.is_empty() && no_map {
-        (StatusCode::SERVICE_UNAVAILABLE, "the cluster map is not bootstrapped yet\n").into_response()
-    } else if leaderless.is_empty() {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        (StatusCode::SERVICE_UNAVAILABLE, format!("shards without a leader: {leaderless:?}\n")).into_response()
+    match s.node.not_ready_reason() {
+        None => (StatusCode::OK, "ready\n").into_response(),
+        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("{why}\n")).into_response(),
     }
 }
 

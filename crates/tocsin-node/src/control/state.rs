@@ -81,6 +81,37 @@ pub struct NodeState {
 }
 
 impl NodeState {
+    /// Why this node should not be sent requests, or `None` when it is
+    /// ready: the store accepts writes, every shard it hosts has a leader
+    /// somewhere, the metadata group has one and the cluster map is
+    /// bootstrapped, and it is not shutting down. `GET /readyz` and the gRPC
+    /// health service (`grpc.health.v1`) both answer from this.
+    pub fn not_ready_reason(&self) -> Option<String> {
+        if self.store.has_failed() {
+            return Some("store failed".into());
+        }
+        if self.shutting_down() {
+            return Some("shutting down".into());
+        }
+        let leaderless: Vec<u32> = self
+            .shards
+            .all()
+            .into_iter()
+            .filter(|ctx| ctx.raft.metrics().borrow_watched().current_leader.is_none())
+            .map(|ctx| ctx.shard)
+            .collect();
+        if !leaderless.is_empty() {
+            return Some(format!("shards without a leader: {leaderless:?}"));
+        }
+        if self.meta().is_some_and(|m| m.raft.metrics().borrow_watched().current_leader.is_none()) {
+            return Some("the metadata group has no leader".into());
+        }
+        if self.meta().is_some() && !self.map.get().is_bootstrapped() {
+            return Some("the cluster map is not bootstrapped yet".into());
+        }
+        None
+    }
+
     pub fn shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)
     }
@@ -219,6 +250,29 @@ impl NodeState {
                 metrics::gauge!("tocsin_pending_timers", "shard" => shard.clone()).set(meta.scheduled as f64);
                 metrics::gauge!("tocsin_firing_timers", "shard" => shard.clone()).set(meta.firing as f64);
                 metrics::gauge!("tocsin_epoch", "shard" => shard).set(meta.epoch as f64);
+            }
+        }
+        // Unfinished timers per namespace, from the shards this node leads
+        // (each shard counted once cluster-wide); a namespace that had some
+        // and now has none reads 0, not its last value.
+        let mut pending: std::collections::BTreeMap<String, u64> = std::collections::BTreeMap::new();
+        for ctx in self.shards.all().into_iter().filter(|c| c.epoch().is_some()) {
+            if let Ok(counts) = ctx.store.pending_by_namespace(ctx.group, crate::labels::MAX_VALUES * 10) {
+                for (ns, n) in counts {
+                    *pending.entry(crate::labels::namespace(&ns)).or_default() += n;
+                }
+            }
+        }
+        {
+            static REPORTED: std::sync::Mutex<std::collections::BTreeSet<String>> =
+                std::sync::Mutex::new(std::collections::BTreeSet::new());
+            let mut reported = REPORTED.lock().expect("reported namespaces lock");
+            for ns in reported.iter().filter(|ns| !pending.contains_key(*ns)) {
+                metrics::gauge!("tocsin_namespace_pending_timers", "namespace" => ns.clone()).set(0.0);
+            }
+            for (ns, n) in &pending {
+                metrics::gauge!("tocsin_namespace_pending_timers", "namespace" => ns.clone()).set(*n as f64);
+                reported.insert(ns.clone());
             }
         }
         for (name, value) in self.store.memory_usage() {

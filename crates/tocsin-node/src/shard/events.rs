@@ -137,6 +137,10 @@ impl ApplyObserver for EventSink {
         let attached = self.attached.lock().expect("sink lock");
         let Some(attached) = attached.as_ref() else { return };
         for entry in entries {
+            // Counted here, by the leader only: once per entry cluster-wide.
+            for (command, result) in entry.commands.iter().zip(entry.results) {
+                crate::telemetry::count_applied(command, result);
+            }
             let dispatches: Vec<Dispatched> = entry
                 .commands
                 .iter()

@@ -71,6 +71,37 @@ struct Reservation {
     consumer: u64,
 }
 
+/// The most encoded deliveries one `Reserve` stream message holds. gRPC
+/// libraries refuse messages over 4 MiB by default (grpc-go, grpcio, grpc-java),
+/// and 256 deliveries of 64 KiB payloads are 16 MiB: a batch bigger than
+/// this goes out as several messages. One delivery alone (its payload at
+/// most 1 MiB, `HARD_MAX_PAYLOAD_BYTES`) always fits.
+pub const RESERVE_MESSAGE_MAX_BYTES: usize = 3 << 20;
+
+/// `deliveries` cut, in order, into messages of at most `max_bytes` encoded
+/// (a delivery bigger than that alone in its own).
+pub fn split_by_encoded_size(deliveries: Vec<pb::Delivery>, max_bytes: usize) -> Vec<Vec<pb::Delivery>> {
+    use prost::Message;
+    let mut out = Vec::new();
+    let mut current = Vec::new();
+    let mut current_bytes = 0usize;
+    for d in deliveries {
+        // A repeated field's element: tag, length, body.
+        let len = d.encoded_len();
+        let bytes = 1 + prost::encoding::encoded_len_varint(len as u64) + len;
+        if !current.is_empty() && current_bytes + bytes > max_bytes {
+            out.push(std::mem::take(&mut current));
+            current_bytes = 0;
+        }
+        current_bytes += bytes;
+        current.push(d);
+    }
+    if !current.is_empty() {
+        out.push(current);
+    }
+    out
+}
+
 /// Topics (namespace and name, from client input) kept at once; past it,
 /// topics with nothing ready and no consumer are forgotten.
 const MAX_TOPICS: usize = 10_000;
@@ -278,9 +309,11 @@ impl PullHub {
                     in_flight -= 1;
                     taken -= count;
                     if !deliveries.is_empty() {
-                        if tx.send(pb::ReserveResponse { deliveries }).await.is_err() {
-                            // The consumer went away; its reservations run out on their own.
-                            return;
+                        for deliveries in split_by_encoded_size(deliveries, RESERVE_MESSAGE_MAX_BYTES) {
+                            if tx.send(pb::ReserveResponse { deliveries }).await.is_err() {
+                                // The consumer went away; its reservations run out on their own.
+                                return;
+                            }
                         }
                         if crate::fault::hit("pull::reserve_stream").await.is_some() {
                             // A test closes the stream mid-batch.
@@ -490,6 +523,34 @@ fn take(topic: &Topic, n: usize) -> Vec<Item> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_batch_is_cut_into_messages_under_the_byte_bound_in_order() {
+        use prost::Message;
+        let delivery = |i: usize, payload: usize| pb::Delivery {
+            id: format!("t{i}"),
+            payload: vec![7u8; payload].into(),
+            ..Default::default()
+        };
+        // 256 deliveries of 64 KiB, the default batch at the default payload
+        // limit: 16 MiB in one message before.
+        let batch: Vec<_> = (0..256).map(|i| delivery(i, 64 * 1024)).collect();
+        let messages = split_by_encoded_size(batch, RESERVE_MESSAGE_MAX_BYTES);
+        assert!(messages.len() >= 6, "{} messages", messages.len());
+        let mut ids = Vec::new();
+        for m in &messages {
+            let encoded = pb::ReserveResponse { deliveries: m.clone() }.encoded_len();
+            assert!(encoded <= RESERVE_MESSAGE_MAX_BYTES, "{encoded} bytes");
+            ids.extend(m.iter().map(|d| d.id.clone()));
+        }
+        assert_eq!(ids, (0..256).map(|i| format!("t{i}")).collect::<Vec<_>>(), "all of them, in order");
+        // A delivery over the bound travels alone; small ones share one message.
+        let messages = split_by_encoded_size(vec![delivery(0, 10), delivery(1, 2_000), delivery(2, 10)], 1_000);
+        assert_eq!(messages.iter().map(Vec::len).collect::<Vec<_>>(), [1, 1, 1]);
+        let messages = split_by_encoded_size((0..10).map(|i| delivery(i, 10)).collect(), 1_000);
+        assert_eq!(messages.len(), 1);
+        assert!(split_by_encoded_size(Vec::new(), 1_000).is_empty());
+    }
 
     #[test]
     fn empty_unwatched_topics_are_forgotten_past_the_bound() {
