@@ -13,9 +13,9 @@ for b in /usr/bin/prometheus /usr/bin/promtool; do
 done
 ctx=$(mktemp -d)
 trap 'rm -rf "$ctx"' EXIT
-mkdir -p "$ctx/root/etc/prometheus" "$ctx/root/prometheus" "$ctx/root/tmp"
+mkdir -p "$ctx/root/bin" "$ctx/root/etc/prometheus" "$ctx/root/prometheus" "$ctx/root/tmp"
 for b in prometheus promtool; do
-  cp "/usr/bin/$b" "$ctx/root/$b"
+  cp "/usr/bin/$b" "$ctx/root/bin/$b"
   # Go binaries built with cgo link the C library: copy what ldd lists.
   for lib in $(ldd "/usr/bin/$b" | grep -o '/[^ ]*'); do
     mkdir -p "$ctx/root$(dirname "$lib")"

@@ -100,7 +100,7 @@ fi
 
 echo "== docker smoke: Prometheus scrapes every node"
 # promtool from the same image, on the compose network; then the host port.
-query() { docker run --rm --network "$net" --entrypoint /promtool "$TOCSIN_PROMETHEUS_IMAGE" \
+query() { docker run --rm --network "$net" --entrypoint /bin/promtool "$TOCSIN_PROMETHEUS_IMAGE" \
   query instant -o json http://prometheus:9090 "$1"; }
 count_series() { python3 -c 'import json,sys; print(len(json.load(sys.stdin)))'; }
 ok=""
