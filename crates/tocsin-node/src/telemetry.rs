@@ -455,7 +455,9 @@ mod tests {
                 // Gauges named at run time (`Store::memory_usage`) are
                 // listed as `("tocsin_…", value)` pairs.
                 for (at, _) in text.match_indices("(\"tocsin_") {
-                    if let Some(name) = text[at + 2..].split('"').next() {
+                    if let Some(name) = text[at + 2..].split('"').next()
+                        && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+                    {
                         used.insert(name.to_string());
                     }
                 }

@@ -233,6 +233,33 @@ impl Store {
         Ok(total)
     }
 
+    /// Scheduled timers of `namespace` per minute, for the `minutes`
+    /// minutes from `from_minute`: one scan.
+    pub fn horizon_minutes(
+        &self,
+        group: GroupId,
+        namespace: &str,
+        from_minute: u64,
+        minutes: usize,
+    ) -> io::Result<Vec<u64>> {
+        let mut out = vec![0u64; minutes];
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_upper_bound(keys::horizon_key(group, namespace, from_minute + minutes as u64));
+        let from = keys::horizon_key(group, namespace, from_minute);
+        for item in
+            self.db().iterator_cf_opt(self.cf(keys::CF_HORIZON), opts, IteratorMode::From(&from, Direction::Forward))
+        {
+            let (key, value) = item.map_err(to_io)?;
+            let minute: [u8; 8] = key[key.len() - 8..].try_into().expect("8 bytes");
+            let count: [u8; 8] =
+                value.as_ref().try_into().map_err(|_| io::Error::new(io::ErrorKind::InvalidData, "horizon counter"))?;
+            if let Some(slot) = out.get_mut((u64::from_be_bytes(minute) - from_minute) as usize) {
+                *slot += u64::from_be_bytes(count);
+            }
+        }
+        Ok(out)
+    }
+
     /// The unfinished timers of `namespace` in `group` (those with a due
     /// time: scheduled, firing or retrying), as of the last applied entry.
     pub fn pending_count(&self, group: GroupId, namespace: &str) -> io::Result<u64> {

@@ -16,6 +16,7 @@
 //! | `GET /v1/namespaces/{namespace}/horizon` | fires in the next minute, hour, day |
 //! | `GET /v1/cluster` | nodes and shards |
 //! | `GET /healthz`, `GET /readyz`, `GET /metrics` | operations |
+//! | `GET /ui`, `/ui/…` | the web console (`crate::api::console`) |
 //!
 //! Bodies are parsed into the generated proto types and handed to the same
 //! [`TimerApi`] as gRPC. Errors are `{"error": {"code", "message", "field",
@@ -57,6 +58,8 @@ use tocsin_proto::v1::timer_service_server::TimerService;
 use crate::api::admin::AdminApi;
 
 use crate::api::parse;
+use crate::api::request;
+use crate::api::request::rpc;
 use crate::api::timers::TimerApi;
 use crate::control::state::NodeState;
 use crate::error::NodeError;
@@ -85,6 +88,7 @@ pub fn router(node: Arc<NodeState>) -> Router {
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics_text))
+        .merge(crate::api::console::routes(state.node.clone()))
         .route_layer(axum::middleware::from_fn_with_state(state.node.clone(), observe))
         .fallback(|State(s): State<HttpState>, method: axum::http::Method| async move {
             let started = std::time::Instant::now();
@@ -124,39 +128,29 @@ async fn observe(
     response
 }
 
-tokio::task_local! {
-    /// The `Authorization` header of the HTTP request being served.
-    static AUTHORIZATION: Option<axum::http::HeaderValue>;
-}
-
-/// Refuses an API call (`/v1/…`) whose token is missing or unknown before
-/// its body is even parsed, and keeps the `Authorization` header where
-/// [`rpc`] finds it, so the handler's call into the API checks the token's
-/// scopes. Probes and metrics stay open.
+/// Refuses an API call (`/v1/…`) or console page (`/ui`) whose token is
+/// missing or unknown before its body is even parsed, and keeps the token
+/// where [`rpc`] finds it, so the handler's call into the API checks the
+/// token's scopes. Probes and metrics stay open.
 async fn carry_authorization(
     State(node): State<Arc<NodeState>>,
     request: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    let value = request.headers().get(axum::http::header::AUTHORIZATION).cloned();
-    if request.uri().path().starts_with("/v1/") {
+    let path = request.uri().path();
+    let console = path == "/ui" || (path.starts_with("/ui/") && path != "/ui/login");
+    let value = request::authorization(request.headers(), console);
+    if path.starts_with("/v1/") || console {
         let bearer = value.as_ref().and_then(|v| v.to_str().ok()).and_then(crate::auth::bearer_in);
         if let Err(e) = node.authority.check(&node.map.get(), bearer, None, &[]) {
+            if console {
+                // A browser: to the login form, not a JSON error.
+                return axum::response::Redirect::to("/ui/login").into_response();
+            }
             return status_response(e.into());
         }
     }
-    AUTHORIZATION.scope(value, next.run(request)).await
-}
-
-/// `message` as an API call, with the HTTP caller's bearer token.
-fn rpc<T>(message: T) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    if let Ok(Some(value)) = AUTHORIZATION.try_with(Clone::clone)
-        && let Ok(value) = tonic::metadata::AsciiMetadataValue::try_from(value.as_bytes())
-    {
-        request.metadata_mut().insert("authorization", value);
-    }
-    request
+    request::AUTHORIZATION.scope(value, next.run(request)).await
 }
 
 /// axum answers an oversized body with plain text; give it the API's JSON
@@ -635,6 +629,7 @@ async fn horizon(State(s): State<HttpState>, Path(namespace): Path<String>) -> R
                 "next_hour": h.next_hour,
                 "next_day": h.next_day,
                 "bucket_ms": h.bucket_ms,
+                "next_hour_by_minute": h.next_hour_by_minute,
             }))
             .into_response()
         }

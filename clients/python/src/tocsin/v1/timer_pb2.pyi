@@ -509,20 +509,22 @@ class GetHorizonRequest(_message.Message):
     def __init__(self, namespace: _Optional[str] = ...) -> None: ...
 
 class GetHorizonResponse(_message.Message):
-    __slots__ = ("as_of_ms", "overdue", "next_minute", "next_hour", "next_day", "bucket_ms")
+    __slots__ = ("as_of_ms", "overdue", "next_minute", "next_hour", "next_day", "bucket_ms", "next_hour_by_minute")
     AS_OF_MS_FIELD_NUMBER: _ClassVar[int]
     OVERDUE_FIELD_NUMBER: _ClassVar[int]
     NEXT_MINUTE_FIELD_NUMBER: _ClassVar[int]
     NEXT_HOUR_FIELD_NUMBER: _ClassVar[int]
     NEXT_DAY_FIELD_NUMBER: _ClassVar[int]
     BUCKET_MS_FIELD_NUMBER: _ClassVar[int]
+    NEXT_HOUR_BY_MINUTE_FIELD_NUMBER: _ClassVar[int]
     as_of_ms: int
     overdue: int
     next_minute: int
     next_hour: int
     next_day: int
     bucket_ms: int
-    def __init__(self, as_of_ms: _Optional[int] = ..., overdue: _Optional[int] = ..., next_minute: _Optional[int] = ..., next_hour: _Optional[int] = ..., next_day: _Optional[int] = ..., bucket_ms: _Optional[int] = ...) -> None: ...
+    next_hour_by_minute: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, as_of_ms: _Optional[int] = ..., overdue: _Optional[int] = ..., next_minute: _Optional[int] = ..., next_hour: _Optional[int] = ..., next_day: _Optional[int] = ..., bucket_ms: _Optional[int] = ..., next_hour_by_minute: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ErrorInfo(_message.Message):
     __slots__ = ("code", "message", "field", "leader", "map_epoch", "retry_after_ms", "reason")

@@ -166,7 +166,17 @@ impl TimerApi {
         let now = self.node.clock.now_ms();
         let bucket = tocsin_core::limits::HORIZON_BUCKET_MS;
         let now_min = now / bucket;
-        let mut out = pb::GetHorizonResponse { as_of_ms: now, bucket_ms: bucket, ..Default::default() };
+        let mut out = pb::GetHorizonResponse {
+            as_of_ms: now,
+            bucket_ms: bucket,
+            next_hour_by_minute: vec![0; 60],
+            ..Default::default()
+        };
+        let add_minutes = |out: &mut pb::GetHorizonResponse, minutes: &[u64]| {
+            for (sum, n) in out.next_hour_by_minute.iter_mut().zip(minutes) {
+                *sum += n;
+            }
+        };
         let shards: Vec<u32> = match only {
             Some(s) if s < self.node.config.num_shards => vec![s],
             Some(_) => return Err(NodeError::invalid("shard", "no such shard")),
@@ -185,18 +195,22 @@ impl TimerApi {
                 out.next_minute += h.next_minute;
                 out.next_hour += h.next_hour;
                 out.next_day += h.next_day;
+                add_minutes(&mut out, &h.next_hour_by_minute);
                 continue;
             }
             let store = ctx.store.clone();
             let group = ctx.group;
             let ns = namespace.to_string();
-            let counts = tokio::task::spawn_blocking(move || -> std::io::Result<[u64; 4]> {
-                Ok([
-                    store.horizon_count(group, &ns, 0, now_min)?,
-                    store.horizon_count(group, &ns, now_min, now_min + 1)?,
-                    store.horizon_count(group, &ns, now_min, now_min + 60)?,
-                    store.horizon_count(group, &ns, now_min, now_min + 1440)?,
-                ])
+            let (counts, minutes) = tokio::task::spawn_blocking(move || -> std::io::Result<([u64; 4], Vec<u64>)> {
+                Ok((
+                    [
+                        store.horizon_count(group, &ns, 0, now_min)?,
+                        store.horizon_count(group, &ns, now_min, now_min + 1)?,
+                        store.horizon_count(group, &ns, now_min, now_min + 60)?,
+                        store.horizon_count(group, &ns, now_min, now_min + 1440)?,
+                    ],
+                    store.horizon_minutes(group, &ns, now_min, 60)?,
+                ))
             })
             .await
             .map_err(|e| NodeError::Internal(e.to_string()))?
@@ -205,6 +219,7 @@ impl TimerApi {
             out.next_minute += counts[1];
             out.next_hour += counts[2];
             out.next_day += counts[3];
+            add_minutes(&mut out, &minutes);
         }
         Ok(out)
     }
