@@ -151,6 +151,25 @@ async fn health_reflection_and_a_reserve_batch_that_fits_four_mib() {
     assert!(messages >= 6, "{messages} messages: 19 MiB of deliveries must come in several");
     drop(stream);
 
+    // Phase: the metrics say what happened, each with its help text: 300
+    // created in "big" (counted once, by the shards' leader), 12 batched
+    // CreateTimers calls answered OK, the Reserve stream, a health check
+    // answered NOT_FOUND.
+    let http = tocsin_contract::tls::http_client_builder().build().unwrap();
+    let text = http.get(format!("http://{}/metrics", node.http)).send().await.unwrap().text().await.unwrap();
+    let value = |series: &str| -> f64 {
+        let line = text.lines().find(|l| l.starts_with(series)).unwrap_or_else(|| panic!("no {series} in:\n{text}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    assert_eq!(value("tocsin_timers_created_total{namespace=\"big\"}"), 300.0);
+    assert_eq!(value("tocsin_timers_fired_total{namespace=\"big\"}"), 300.0);
+    assert_eq!(value("tocsin_grpc_requests_total{method=\"tocsin.v1.TimerService/CreateTimers\",code=\"OK\"}"), 12.0);
+    assert_eq!(value("tocsin_grpc_requests_total{method=\"grpc.health.v1.Health/Check\",code=\"NOT_FOUND\"}"), 1.0);
+    assert!(value("tocsin_grpc_requests_total{method=\"tocsin.v1.TimerService/Reserve\",code=\"OK\"}") >= 1.0);
+    for family in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).map(|l| l.split(' ').next().unwrap()) {
+        assert!(text.contains(&format!("# HELP {family} ")), "{family} has no help text");
+    }
+
     // Phase: shutting down, the node stops serving before it stops
     // answering: a watcher sees NOT_SERVING, so a balancer drains it.
     let mut watch = health.watch(HealthCheckRequest { service: String::new() }).await.unwrap().into_inner();

@@ -136,10 +136,11 @@ impl ApplyObserver for EventSink {
     fn applied(&self, entries: &[AppliedEntry<'_>]) {
         let attached = self.attached.lock().expect("sink lock");
         let Some(attached) = attached.as_ref() else { return };
+        // Counted here, by the leader only: once per entry cluster-wide.
+        let mut counts = crate::telemetry::LifecycleCounts::default();
         for entry in entries {
-            // Counted here, by the leader only: once per entry cluster-wide.
             for (command, result) in entry.commands.iter().zip(entry.results) {
-                crate::telemetry::count_applied(command, result);
+                counts.add(command, result);
             }
             let dispatches: Vec<Dispatched> = entry
                 .commands
@@ -167,6 +168,7 @@ impl ApplyObserver for EventSink {
                 attached.queued.fetch_sub(weight, Ordering::SeqCst);
             }
         }
+        counts.flush();
     }
 }
 
