@@ -37,7 +37,8 @@ async fn reflect(
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn health_reflection_and_a_reserve_batch_that_fits_four_mib() {
     let dir = tempfile::tempdir().unwrap();
-    let node = NodeProcess::start(dir.path(), &[]);
+    // JSON logs with the access log on: the last phase reads them.
+    let node = NodeProcess::start(dir.path(), &[("TOCSIN_LOG_FORMAT", "json"), ("TOCSIN_ACCESS_LOG", "true")]);
     let channel = channel(&node).await;
 
     // Phase: health. A ready node serves, as a whole and per service; an
@@ -169,6 +170,23 @@ async fn health_reflection_and_a_reserve_batch_that_fits_four_mib() {
     for family in text.lines().filter_map(|l| l.strip_prefix("# TYPE ")).map(|l| l.split(' ').next().unwrap()) {
         assert!(text.contains(&format!("# HELP {family} ")), "{family} has no help text");
     }
+
+    // Phase: the log is JSON, a line per event, and the access log has a
+    // line per call with its method and code.
+    let log = node.log();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(lines.len() > 10, "{} JSON lines in:\n{log}", lines.len());
+    let access: Vec<&serde_json::Value> = lines.iter().filter(|l| l["target"] == "access").collect();
+    let creates = access
+        .iter()
+        .filter(|l| l["fields"]["method"] == "tocsin.v1.TimerService/CreateTimers" && l["fields"]["code"] == "OK")
+        .count();
+    assert_eq!(creates, 12, "one access line per CreateTimers call");
+    assert!(access.iter().any(|l| l["fields"]["proto"] == "http" && l["fields"]["route"] == "/metrics"));
 
     // Phase: shutting down, the node stops serving before it stops
     // answering: a watcher sees NOT_SERVING, so a balancer drains it.
