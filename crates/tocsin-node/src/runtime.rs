@@ -4,7 +4,7 @@
 //! Why: on a node offered more than its CPU can run, every task waits its
 //! turn in the scheduler's queue. Heartbeats and appends queued behind
 //! thousands of create handlers, fire batches and webhook calls arrived
-//! later than the 150–300 ms election timeout, so followers started
+//! later than the election timeout (then 150–300 ms), so followers started
 //! elections on every shard at once (measured: 2,000–3,400 per node in
 //! 20 s of overload), and each new term cost a wheel rebuild and repeated
 //! deliveries: more load.
