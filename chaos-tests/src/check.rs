@@ -166,6 +166,11 @@ pub struct Report {
     pub digests_equal: Option<bool>,
     /// I8: milliseconds until every shard had a leader after healing.
     pub leaders_after_heal_ms: Option<u64>,
+    /// Milliseconds from the fault's start to the first delivery of shard 0
+    /// fenced by a newer epoch than any before the fault: when the new
+    /// leader's first fire arrived (issue 11: within 400 ms of a kill).
+    /// `None` when shard 0 kept its leader.
+    pub first_fire_new_leader_ms: Option<u64>,
 }
 
 impl Report {
@@ -351,7 +356,18 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
     }
     report.lateness = Percentiles::of(lateness);
     report.lateness_fault_window = Percentiles::of(window);
+    report.first_fire_new_leader_ms = fault.and_then(|(start, _)| first_fire_new_leader(&deliveries, 0, start));
     Ok(report)
+}
+
+/// When `shard`'s first accepted delivery under an epoch newer than every
+/// epoch delivered before `start_ms` arrived, in ms after `start_ms`: the
+/// new leader's first fire after a fault that moved the shard. `None` if
+/// nothing was delivered before the fault or no newer epoch delivered.
+pub fn first_fire_new_leader(deliveries: &[&Delivery], shard: u32, start_ms: u64) -> Option<u64> {
+    let accepted = || deliveries.iter().filter(|d| d.shard == shard && d.verdict == Verdict::Accepted);
+    let before = accepted().filter(|d| d.recv_ms < start_ms).map(|d| d.epoch).max()?;
+    accepted().filter(|d| d.recv_ms >= start_ms && d.epoch > before).map(|d| d.recv_ms - start_ms).min()
 }
 
 /// The lateness of the timers due in each labelled phase. `phases` holds
@@ -513,6 +529,21 @@ mod tests {
             ],
         );
         assert_eq!((r.cancelled_in_flight_excused, r.cancelled_then_delivered), (1, 1));
+    }
+
+    #[test]
+    fn the_new_leaders_first_fire_is_its_shards_first_delivery_under_a_newer_epoch() {
+        let at = |recv_ms, shard, epoch| Delivery { recv_ms, ..d(shard, epoch, 1) };
+        let stale = Delivery { verdict: Verdict::RejectedStale, ..at(1_100, 0, 9) };
+        // Shard 0 delivered under epoch 3 before the fault at 1,000 and under
+        // 3 again after it (the old leader, still serving) before its new
+        // leader's epoch 5 at 1,240; shard 1's new epoch and a rejected
+        // delivery do not count.
+        let ds = [at(900, 0, 3), at(1_050, 0, 3), stale, at(1_150, 1, 7), at(1_300, 0, 5), at(1_240, 0, 5)];
+        let refs: Vec<&Delivery> = ds.iter().collect();
+        assert_eq!(first_fire_new_leader(&refs, 0, 1_000), Some(240));
+        assert_eq!(first_fire_new_leader(&refs, 1, 1_000), None, "nothing of shard 1 before the fault");
+        assert_eq!(first_fire_new_leader(&refs[..3], 0, 1_000), None, "shard 0 kept its leader");
     }
 
     #[test]

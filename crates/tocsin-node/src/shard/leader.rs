@@ -230,6 +230,17 @@ async fn establish(ctx: &ShardCtx) -> Option<u64> {
                 tracing::warn!(shard = ctx.shard, ?other, "unexpected epoch result");
                 return None;
             }
+            // Right after an election openraft may refuse the first write
+            // with "no known leader" although its metrics already say this
+            // node leads under a committed vote (seen in every chaos
+            // kill-leader run, within 1 ms of the election). Giving up
+            // there cost the supervisor's 250 ms restart pause on every
+            // failover; a refusal that names another leader, or metrics
+            // that no longer say this node leads, end the task as before.
+            Err(ProposeError::NotLeader { leader: None }) if still_leading(ctx) => {
+                tracing::debug!(shard = ctx.shard, attempt, "leader epoch refused right after the election; retrying");
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             Err(ProposeError::NotLeader { .. }) => return None,
             Err(e) => {
                 tracing::warn!(shard = ctx.shard, attempt, error = %e, "proposing the leader epoch failed; retrying");
@@ -238,6 +249,14 @@ async fn establish(ctx: &ShardCtx) -> Option<u64> {
         }
     }
     None
+}
+
+/// Whether openraft's metrics say this node leads the shard under a
+/// committed vote.
+fn still_leading(ctx: &ShardCtx) -> bool {
+    let metrics = ctx.raft.server_metrics();
+    let m = metrics.borrow_watched();
+    m.state == openraft::ServerState::Leader && m.current_leader == Some(ctx.node_id) && m.vote.is_committed()
 }
 
 /// What the loop's I/O tasks report back.
