@@ -7,7 +7,8 @@
 //! - real responses of every operation, successes and errors, validate
 //!   against the JSON Schema the document gives for that operation and
 //!   status (response objects closed: a field the document does not name
-//!   fails too), and every operation has had at least one checked;
+//!   fails too), and every operation has had at least one checked; every
+//!   request body the node accepted is one the document allows;
 //! - every way a request can be refused (malformed JSON, a body over the
 //!   limit, an unknown route, a wrong method, a bad path, an unknown or bad
 //!   query parameter) answers the one JSON error shape, with its status.
@@ -29,7 +30,8 @@ const BASE: &str = "http://tocsin.invalid/openapi.json";
 struct Spec {
     doc: Value,
     schemas: boon::Schemas,
-    /// `(method, path, status or "default")` → the compiled schema.
+    /// `(method, path, status or "default" or "request")` → the compiled
+    /// schema.
     compiled: BTreeMap<(String, String, String), boon::SchemaIndex>,
     error_shape: boon::SchemaIndex,
     checked: BTreeSet<(String, String)>,
@@ -59,6 +61,11 @@ impl Spec {
         let mut keys = BTreeMap::new();
         for (path, item) in doc["paths"].as_object().unwrap() {
             for (method, op) in item.as_object().unwrap() {
+                if let Some(schema) = op.pointer("/requestBody/content/application~1json/schema") {
+                    let key = format!("request-{}", keys.len());
+                    defs.insert(key.clone(), schema.clone());
+                    keys.insert((method.clone(), path.clone(), "request".to_string()), key);
+                }
                 for (status, response) in op["responses"].as_object().expect("responses") {
                     let Some(schema) = response.pointer("/content/application~1json/schema") else { continue };
                     let key = format!("response-{}", keys.len());
@@ -126,6 +133,17 @@ impl Spec {
         value
     }
 
+    /// Checks a request body the node accepted against the operation's
+    /// request schema: the document must allow what the node takes.
+    fn check_request(&self, method: &str, path: &str, body: &Value) {
+        let Some(&index) = self.compiled.get(&(method.to_string(), path.to_string(), "request".to_string())) else {
+            panic!("{method} {path}: a JSON body the document does not describe");
+        };
+        if let Err(e) = self.schemas.validate(body, index) {
+            panic!("{method} {path}: an accepted request the document refuses:\n{e:#}\nbody: {body:#}");
+        }
+    }
+
     /// Checks a refusal that matched no operation: the one error shape.
     fn check_error_shape(&self, what: &str, body: &Value) {
         if let Err(e) = self.schemas.validate(body, self.error_shape) {
@@ -183,10 +201,14 @@ impl Api {
 }
 
 /// Sends `method uri` (with a JSON body) as the operation `path`, checks the
-/// answer against the document, and returns its status and JSON body.
+/// answer against the document (and a body the node accepted against the
+/// operation's request schema), and returns its status and JSON body.
 async fn op(api: &Api, spec: &mut Spec, method: &str, path: &str, uri: &str, body: Option<Value>) -> (u16, Value) {
-    let answer = api.call(&method.to_ascii_uppercase(), uri, body).await;
+    let answer = api.call(&method.to_ascii_uppercase(), uri, body.clone()).await;
     let value = spec.check(method, path, answer.status, &answer.content_type, &answer.body);
+    if let Some(body) = body.filter(|_| (200..300).contains(&answer.status)) {
+        spec.check_request(method, path, &body);
+    }
     (answer.status, value)
 }
 
