@@ -5,7 +5,11 @@
 //!
 //! The HTTP API parses these into the generated proto types and calls the
 //! same service as gRPC, so both share one validation path and one set of
-//! error codes.
+//! error codes. Every HTTP request and response body is a type here, and
+//! the node's OpenAPI document (`/openapi.json`) is generated from them
+//! (`utoipa::ToSchema`), so the description cannot drift from what is sent.
+//! Fields that hold a proto enum's name keep it as a string and name their
+//! schema with `value_type` (the `*Name` enums at the end of this file).
 
 use std::collections::BTreeMap;
 
@@ -22,6 +26,7 @@ use tocsin_core::TimerState;
 use tocsin_core::recurrence::Recurrence;
 use tocsin_core::recurrence::Rule;
 use tocsin_proto::v1 as pb;
+use utoipa::ToSchema;
 
 pub mod b64 {
     //! Base64 (standard alphabet, padded) for `bytes` fields.
@@ -59,12 +64,15 @@ fn de_opt_u64<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> 
     de_u64(d).map(Some)
 }
 
-/// The body of a webhook delivery and of a pull delivery's JSON form.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// The body of a webhook delivery and of a pull delivery's JSON form (in
+/// the OpenAPI document's components, for a receiver's code generator).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
 pub struct DeliveryJson {
     pub namespace: String,
     pub id: String,
+    /// Base64 (standard alphabet, padded).
     #[serde(with = "b64")]
+    #[schema(value_type = String, format = Byte)]
     pub payload: bytes::Bytes,
     pub fire_at_ms: u64,
     pub fired_at_ms: u64,
@@ -243,12 +251,14 @@ pub fn recurrence_proto(r: &Recurrence) -> pb::Recurrence {
 
 /// A recurring timer's rule, in JSON: exactly one of `cron` (with an
 /// optional `time_zone`) or `every_ms`.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RecurrenceJson {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub cron: Option<String>,
     #[serde(default, deserialize_with = "de_opt_u64", skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub every_ms: Option<u64>,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub time_zone: String,
@@ -298,7 +308,7 @@ impl RecurrenceJson {
 }
 
 /// Where a recurring timer's series stands (see the proto's `SeriesInfo`).
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct SeriesJson {
     pub occurrence: u64,
     #[serde(skip_serializing_if = "is_zero")]
@@ -310,18 +320,24 @@ pub struct SeriesJson {
 
 // ---- HTTP request and response bodies ------------------------------------
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTimerJson {
     #[serde(default)]
     pub namespace: String,
     #[serde(default)]
     pub id: String,
+    /// The fire time, in Unix milliseconds; give it or `delay_ms`.
     #[serde(default, deserialize_with = "de_opt_u64")]
+    #[schema(nullable = false)]
     pub fire_at_ms: Option<u64>,
+    /// The fire time as a delay from now; give it or `fire_at_ms`.
     #[serde(default, deserialize_with = "de_opt_u64")]
+    #[schema(nullable = false)]
     pub delay_ms: Option<u64>,
+    /// Base64 (standard alphabet, padded).
     #[serde(default, with = "b64")]
+    #[schema(value_type = String, format = Byte)]
     pub payload: bytes::Bytes,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
@@ -361,19 +377,22 @@ impl CreateTimerJson {
     }
 }
 
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CallbackJson {
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub webhook: Option<WebhookJson>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub pull: Option<PullJson>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub amqp: Option<AmqpJson>,
 }
 
 /// A publish to an AMQP exchange on a broker the node's configuration names.
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AmqpJson {
     #[serde(default)]
@@ -384,14 +403,14 @@ pub struct AmqpJson {
     pub routing_key: String,
 }
 
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct WebhookJson {
     #[serde(default)]
     pub url: String,
 }
 
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PullJson {
     #[serde(default)]
@@ -439,7 +458,7 @@ impl CallbackJson {
     }
 }
 
-#[derive(Debug, Default, Deserialize, Serialize)]
+#[derive(Debug, Default, Deserialize, Serialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RetryJson {
     #[serde(default)]
@@ -463,7 +482,7 @@ impl RetryJson {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct FireJson {
     pub fire_id: String,
     pub epoch: u64,
@@ -496,7 +515,7 @@ impl FireJson {
 }
 
 /// One attempt of a timer's history, as the HTTP API reports it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct AttemptJson {
     pub attempt: u32,
     pub fire_id: String,
@@ -535,13 +554,16 @@ impl AttemptJson {
     }
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct TimerJson {
     pub namespace: String,
     pub id: String,
+    #[schema(value_type = TimerStateName)]
     pub state: &'static str,
     pub fire_at_ms: u64,
+    /// Base64 (standard alphabet, padded).
     #[serde(with = "b64")]
+    #[schema(value_type = String, format = Byte)]
     pub payload: bytes::Bytes,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
@@ -551,6 +573,7 @@ pub struct TimerJson {
     pub created_at_ms: u64,
     pub shard: u32,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub fire: Option<FireJson>,
     #[serde(skip_serializing_if = "is_zero")]
     pub finished_at_ms: u64,
@@ -559,8 +582,10 @@ pub struct TimerJson {
     #[serde(skip_serializing_if = "is_zero")]
     pub skip_if_late_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub recurrence: Option<RecurrenceJson>,
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub series: Option<SeriesJson>,
 }
 
@@ -604,18 +629,22 @@ impl TimerJson {
     }
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RescheduleJson {
     #[serde(default, deserialize_with = "de_u64")]
     pub expected_generation: u64,
+    /// The fire time, in Unix milliseconds; give it or `delay_ms`.
     #[serde(default, deserialize_with = "de_opt_u64")]
+    #[schema(nullable = false)]
     pub fire_at_ms: Option<u64>,
+    /// The fire time as a delay from now; give it or `fire_at_ms`.
     #[serde(default, deserialize_with = "de_opt_u64")]
+    #[schema(nullable = false)]
     pub delay_ms: Option<u64>,
 }
 
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateTimersJson {
     #[serde(default)]
@@ -627,7 +656,7 @@ pub struct CreateTimersJson {
 /// 1 s, at most 30 s; at least the 200 ms a reservation takes to record)
 /// for the first, each reserved for `ttr_ms` (default 30 s) unless the
 /// timer has its own.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReserveJson {
     #[serde(default)]
@@ -639,7 +668,7 @@ pub struct ReserveJson {
 }
 
 /// One delivery named for `:ack` and `:nack` (the namespace is the path's).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeliveryRefJson {
     pub id: String,
@@ -650,7 +679,7 @@ pub struct DeliveryRefJson {
 
 /// `POST …/topics/{topic}:ack` and `:nack` (`delay_ms` and `reason` are
 /// for nack only).
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SettleJson {
     pub deliveries: Vec<DeliveryRefJson>,
@@ -661,12 +690,14 @@ pub struct SettleJson {
 }
 
 /// A reserved pull delivery as the HTTP API returns it.
-#[derive(Debug, Serialize)]
+#[derive(Debug, Serialize, ToSchema)]
 pub struct PulledJson {
     pub namespace: String,
     pub id: String,
     pub topic: String,
+    /// Base64 (standard alphabet, padded).
     #[serde(with = "b64")]
+    #[schema(value_type = String, format = Byte)]
     pub payload: bytes::Bytes,
     pub fire_at_ms: u64,
     pub fired_at_ms: u64,
@@ -703,7 +734,7 @@ impl PulledJson {
 /// `POST /v1/namespaces/{namespace}:redrive`: these ids, or (with
 /// `all_dead`) up to `limit` DEAD timers of the namespace, of one
 /// `dead_reason` if given.
-#[derive(Debug, Default, Deserialize)]
+#[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct RedriveJson {
     #[serde(default)]
@@ -717,13 +748,17 @@ pub struct RedriveJson {
 }
 
 /// An error as the HTTP API reports it.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
 pub struct ErrorJson {
+    /// The gRPC code's name; the HTTP status follows from it.
+    #[schema(value_type = ErrorCode)]
     pub code: String,
     pub message: String,
+    /// The request field (or query parameter, or `body`) at fault.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub field: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub leader: Option<LeaderJson>,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub map_epoch: u64,
@@ -734,7 +769,8 @@ pub struct ErrorJson {
     pub reason: String,
 }
 
-#[derive(Debug, Serialize, Deserialize)]
+/// Where the shard's leader is, when a node that is not it answered.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct LeaderJson {
     pub shard: u32,
     pub node_id: u64,
@@ -758,5 +794,311 @@ impl ErrorJson {
             retry_after_ms: info.retry_after_ms,
             reason: info.reason.clone(),
         }
+    }
+}
+
+// ---- HTTP response envelopes ---------------------------------------------
+
+/// Every HTTP error: the one shape, whatever refused the request (the API,
+/// the JSON parser, the router, the body limit).
+#[derive(Debug, Default, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBodyJson {
+    pub error: ErrorJson,
+}
+
+/// `POST /v1/timers`: the timer, and whether this call created it (201)
+/// or found an identical one (200).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CreatedJson {
+    pub timer: Option<TimerJson>,
+    pub created: bool,
+}
+
+/// One timer of a batch create: `ok` or `error` (neither only if the node
+/// answered nothing for it).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchResultJson {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub ok: Option<CreatedJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub error: Option<ErrorJson>,
+}
+
+/// `POST /v1/timers:batch`: one result per timer, in the request's order.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct BatchCreatedJson {
+    pub results: Vec<BatchResultJson>,
+}
+
+/// `GET /v1/timers/{namespace}/{id}` and `:reschedule`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TimerBodyJson {
+    pub timer: Option<TimerJson>,
+}
+
+/// `GET /v1/timers/{namespace}/{id}/attempts`: the latest attempts, oldest
+/// first.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct AttemptsJson {
+    pub namespace: String,
+    pub id: String,
+    #[schema(value_type = TimerStateName)]
+    pub state: &'static str,
+    pub generation: u64,
+    pub attempts: Vec<AttemptJson>,
+}
+
+/// `GET /v1/timers/{namespace}`: a page of timers; pass `next_page_token`
+/// back as `page_token` for the next (empty: no more).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct TimerPageJson {
+    pub timers: Vec<TimerJson>,
+    pub next_page_token: String,
+}
+
+/// `DELETE /v1/timers/{namespace}/{id}`. `fire` facts (`epoch`, `fire_id`,
+/// `attempt`) when the timer had fired; `attempt_in_flight` with
+/// CANCELLED_WHILE_FIRING; `error` with NOT_FOUND (a 404).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct CancelledJson {
+    #[schema(value_type = CancelOutcomeName)]
+    pub outcome: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub timer: Option<TimerJson>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub epoch: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub fire_id: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub attempt: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub attempt_in_flight: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub error: Option<ErrorJson>,
+}
+
+/// `…/topics/{topic}:reserve`: the deliveries reserved for this call (none
+/// when nothing was ready within `wait_ms`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ReservedJson {
+    pub deliveries: Vec<PulledJson>,
+}
+
+/// One delivery's fate in an `:ack` or `:nack`.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SettleResultJson {
+    pub id: String,
+    #[schema(value_type = AckStatusName)]
+    pub status: &'static str,
+}
+
+/// `…/topics/{topic}:ack` and `:nack`: one result per delivery, in the
+/// request's order.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SettledJson {
+    pub results: Vec<SettleResultJson>,
+}
+
+/// One timer of a redrive: its outcome, and where it stands now (`state`
+/// and `generation`) or why it failed (`error`).
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RedriveResultJson {
+    pub id: String,
+    #[schema(value_type = RedriveOutcomeName)]
+    pub outcome: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub generation: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false, value_type = Option<TimerStateName>)]
+    pub state: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub error: Option<ErrorJson>,
+}
+
+/// `POST /v1/namespaces/{namespace}:redrive`: counts per outcome, whether
+/// `all_dead` stopped at `limit` with more left (`more`), and each timer's
+/// result.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct RedrivenJson {
+    pub redriven: u64,
+    pub not_dead: u64,
+    pub not_found: u64,
+    pub failed: u64,
+    pub more: bool,
+    pub results: Vec<RedriveResultJson>,
+}
+
+/// `GET /v1/namespaces/{namespace}/horizon`: how many of the namespace's
+/// timers fire in the next minute, hour and day (and are overdue), and the
+/// next hour per `bucket_ms` bucket.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct HorizonJson {
+    pub as_of_ms: u64,
+    pub overdue: u64,
+    pub next_minute: u64,
+    pub next_hour: u64,
+    pub next_day: u64,
+    pub bucket_ms: u64,
+    pub next_hour_by_minute: Vec<u64>,
+}
+
+/// A node of the cluster, as `GET /v1/cluster` lists it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct NodeJson {
+    pub node_id: u64,
+    pub grpc_addr: String,
+    pub http_addr: String,
+    pub peer_addr: String,
+    #[schema(value_type = NodeStateName)]
+    pub state: &'static str,
+}
+
+/// A shard as this node sees it.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ShardJson {
+    pub shard: u32,
+    pub replicas: Vec<u64>,
+    pub learners: Vec<u64>,
+    /// The leader's node id (0: none known).
+    pub leader: u64,
+    pub term: u64,
+    pub epoch: u64,
+    pub committed_index: u64,
+    pub applied_index: u64,
+    pub pending_timers: u64,
+    pub firing_timers: u64,
+}
+
+/// `GET /v1/cluster`: the nodes of the cluster map and the shards.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct ClusterJson {
+    /// The node that answered.
+    pub node_id: u64,
+    pub map_epoch: u64,
+    pub num_shards: u32,
+    pub nodes: Vec<NodeJson>,
+    pub shards: Vec<ShardJson>,
+}
+
+// ---- Enum names, for the schema --------------------------------------------
+//
+// The JSON carries these as the proto enum's names (`as_str_name`); these
+// types only name the values in the OpenAPI document. The tests below check
+// they list every value the proto has.
+
+/// A timer's state.
+#[derive(Clone, Copy, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum TimerStateName {
+    Scheduled,
+    Firing,
+    Delivered,
+    Dead,
+    Cancelled,
+    Skipped,
+}
+
+/// What a cancel did.
+#[derive(Clone, Copy, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum CancelOutcomeName {
+    Cancelled,
+    AlreadyCancelled,
+    AlreadyFired,
+    NotFound,
+    CancelledWhileFiring,
+}
+
+/// What a redrive did to one timer.
+#[derive(Clone, Copy, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum RedriveOutcomeName {
+    Redriven,
+    NotDead,
+    NotFound,
+    Failed,
+}
+
+/// What an ack or nack did to one delivery.
+#[derive(Clone, Copy, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum AckStatusName {
+    Ok,
+    Stale,
+    NotFound,
+}
+
+/// A node's state in the cluster map.
+#[derive(Clone, Copy, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum NodeStateName {
+    Joining,
+    Active,
+    Draining,
+    Removed,
+}
+
+/// An error's code: a gRPC code's name (`codes::code_name`).
+#[derive(Clone, Copy, Debug, Serialize, ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum ErrorCode {
+    Cancelled,
+    Unknown,
+    InvalidArgument,
+    DeadlineExceeded,
+    NotFound,
+    AlreadyExists,
+    PermissionDenied,
+    ResourceExhausted,
+    FailedPrecondition,
+    Aborted,
+    OutOfRange,
+    Unimplemented,
+    Internal,
+    Unavailable,
+    DataLoss,
+    Unauthenticated,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The values the schema lists for `T`: its variants as serde writes them.
+    fn listed<T: ToSchema>() -> Vec<String> {
+        let schema = serde_json::to_value(T::schema()).unwrap();
+        let values = schema["enum"].as_array().unwrap_or_else(|| panic!("{schema}"));
+        values.iter().map(|v| v.as_str().unwrap().to_string()).collect()
+    }
+
+    /// Every value of a proto enum but `*_UNSPECIFIED`, by its name.
+    fn proto_names(name_of: impl Fn(i32) -> Option<&'static str>) -> Vec<String> {
+        (1..64).map_while(&name_of).map(str::to_string).collect()
+    }
+
+    #[test]
+    fn enum_names_list_every_proto_value() {
+        let state = |n| pb::timer::State::try_from(n).ok().map(|s| s.as_str_name());
+        assert_eq!(listed::<TimerStateName>(), proto_names(state));
+        let cancel = |n| pb::cancel_timer_response::Outcome::try_from(n).ok().map(|s| s.as_str_name());
+        assert_eq!(listed::<CancelOutcomeName>(), proto_names(cancel));
+        let redrive = |n| pb::redrive_result::Outcome::try_from(n).ok().map(|s| s.as_str_name());
+        assert_eq!(listed::<RedriveOutcomeName>(), proto_names(redrive));
+        let ack = |n| pb::ack_result::Status::try_from(n).ok().map(|s| s.as_str_name());
+        assert_eq!(listed::<AckStatusName>(), proto_names(ack));
+        let node = |n| pb::node_info::State::try_from(n).ok().map(|s| s.as_str_name());
+        assert_eq!(listed::<NodeStateName>(), proto_names(node));
+        let codes: Vec<String> = (1..17).map(|n| crate::codes::code_name(tonic::Code::from(n)).to_string()).collect();
+        assert_eq!(listed::<ErrorCode>(), codes);
     }
 }

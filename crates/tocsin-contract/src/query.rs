@@ -1,9 +1,13 @@
 //! The HTTP API's query strings, parsed into the gRPC request they stand
-//! for. Pure, so the HTTP mirror and the fuzz targets share it.
+//! for. Pure, so the HTTP mirror and the fuzz targets share it; their
+//! description in the OpenAPI document is [`ListTimersParams`].
 
 use std::collections::HashMap;
 
 use tocsin_proto::v1 as pb;
+use utoipa::IntoParams;
+
+use crate::json::TimerStateName;
 
 /// A query parameter the API refuses: its name and why.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,7 +23,32 @@ impl QueryError {
 }
 
 /// What `GET /v1/timers/{namespace}` accepts.
-const LIST_PARAMS: [&str; 6] = ["state", "fire_after_ms", "fire_before_ms", "page_size", "page_token", "dead_reason"];
+pub const LIST_PARAMS: [&str; 6] =
+    ["state", "fire_after_ms", "fire_before_ms", "page_size", "page_token", "dead_reason"];
+
+/// `GET /v1/timers/{namespace}`'s query parameters as the OpenAPI document
+/// describes them. [`list_timers`] reads them from the query's pairs, so
+/// that a refusal names the parameter at fault (serde's would not); the
+/// test below keeps the two lists one.
+#[derive(Debug, Default, IntoParams)]
+#[into_params(parameter_in = Query)]
+#[allow(dead_code)] // Its fields are read by the schema only.
+pub struct ListTimersParams {
+    /// Only timers in this state.
+    #[param(value_type = Option<TimerStateName>)]
+    state: Option<String>,
+    /// Only DEAD timers that died for this reason (`MAX_ATTEMPTS`,
+    /// `GIVE_UP_AFTER`, …); with `state=DEAD`.
+    dead_reason: Option<String>,
+    /// Only timers firing at or after this Unix millisecond.
+    fire_after_ms: Option<u64>,
+    /// Only timers firing before this Unix millisecond.
+    fire_before_ms: Option<u64>,
+    /// At most this many (default 100, at most 1,000).
+    page_size: Option<u32>,
+    /// The `next_page_token` of the page before.
+    page_token: Option<String>,
+}
 
 /// `GET /v1/timers/{namespace}?state=…&fire_after_ms=…&fire_before_ms=…&page_size=…&page_token=…&dead_reason=…`.
 /// A parameter the API does not know is refused rather than ignored: a
@@ -66,6 +95,16 @@ mod tests {
 
     fn q(pairs: &[(&str, &str)]) -> HashMap<String, String> {
         pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn the_described_parameters_are_the_accepted_ones() {
+        let described: Vec<String> = ListTimersParams::into_params(|| None).into_iter().map(|p| p.name).collect();
+        let mut accepted: Vec<String> = LIST_PARAMS.iter().map(|p| p.to_string()).collect();
+        let mut sorted = described.clone();
+        sorted.sort();
+        accepted.sort();
+        assert_eq!(sorted, accepted, "{described:?}");
     }
 
     #[test]

@@ -159,6 +159,17 @@ fn no_ignored_tests() {
     assert!(found.is_empty(), "use an environment variable to gate slow tests: {found:?}");
 }
 
+/// The node's HTTP routes are mounted from the route tables only
+/// (`api/rest.rs`'s `mount`), which the OpenAPI end-to-end test reads: a
+/// route added with axum's own calls would be served undescribed.
+#[test]
+fn http_routes_come_from_the_tables() {
+    for needle in [".route(\"", ".route_service(", ".nest(", ".nest_service("] {
+        let found = files_containing(needle, &["crates/tocsin-node/src"]);
+        assert!(found.is_empty(), "mount HTTP routes through a table (api/rest.rs): {needle} in {found:?}");
+    }
+}
+
 /// Shard routing must be stable across Rust releases and platforms.
 #[test]
 fn no_default_hasher_for_routing() {

@@ -14,6 +14,7 @@ mod failure_path;
 mod faults;
 mod grpc_conventions;
 mod lifecycle;
+mod openapi;
 mod peer_port;
 mod peer_tls;
 mod pull;

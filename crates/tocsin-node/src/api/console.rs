@@ -9,21 +9,23 @@
 //! | `/ui/search?namespace=&id=&state=` | a timer by id, or a namespace's timers in a state |
 //! | `/ui/timers/{ns}/{id}` | a timer: its fields, its current firing and its attempt history |
 //! | `/ui/login` | a form that keeps a bearer token in a cookie (`HttpOnly`, `SameSite=Strict`), for nodes with tokens on |
+//!
+//! The pages are a route table ([`PAGES`]), described in the node's OpenAPI
+//! document as `text/html` (tag `console`). A page that cannot be shown
+//! says why as a page; a path or query the router refuses, like every
+//! route's, is the API's JSON error (`crate::api::rest`).
 
 use std::sync::Arc;
 
 use axum::Form;
 use axum::Router;
-use axum::extract::Path;
-use axum::extract::Query;
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::http::header;
 use axum::response::Html;
 use axum::response::IntoResponse;
 use axum::response::Redirect;
 use axum::response::Response;
-use axum::routing::get;
+use axum::routing::on;
 use tocsin_contract::json::AttemptJson;
 use tocsin_contract::json::TimerJson;
 use tocsin_proto::v1 as pb;
@@ -32,6 +34,13 @@ use tocsin_proto::v1::timer_service_server::TimerService;
 use crate::api::admin::AdminApi;
 use crate::api::request::CONSOLE_COOKIE;
 use crate::api::request::rpc;
+use crate::api::rest::ApiErrors;
+use crate::api::rest::ApiPath;
+use crate::api::rest::ApiQuery;
+use crate::api::rest::Mount;
+use crate::api::rest::NamespacePath;
+use crate::api::rest::Route;
+use crate::api::rest::TimerPath;
 use crate::api::timers::TimerApi;
 use crate::control::state::NodeState;
 
@@ -46,16 +55,29 @@ pub struct Console {
 /// DEAD timers and search results shown on one page.
 const PAGE_ROWS: u32 = 100;
 
+/// The console's pages.
+pub const PAGES: &[Mount<Console>] = &[
+    Mount { route: Route { method: "GET", path: "/ui", verbs: &[], query: &[] }, handler: |m| on(m, cluster) },
+    Mount {
+        route: Route { method: "GET", path: "/ui/namespaces/{namespace}", verbs: &[], query: &[] },
+        handler: |m| on(m, namespace),
+    },
+    Mount {
+        route: Route { method: "GET", path: "/ui/search", verbs: &[], query: &["namespace", "id", "state"] },
+        handler: |m| on(m, search),
+    },
+    Mount {
+        route: Route { method: "GET", path: "/ui/timers/{namespace}/{id}", verbs: &[], query: &[] },
+        handler: |m| on(m, timer),
+    },
+    Mount { route: Route { method: "GET", path: "/ui/login", verbs: &[], query: &[] }, handler: |m| on(m, login_form) },
+    Mount { route: Route { method: "POST", path: "/ui/login", verbs: &[], query: &[] }, handler: |m| on(m, login) },
+];
+
 /// The console's routes, for the node's HTTP router.
 pub fn routes<S: Clone + Send + Sync + 'static>(node: Arc<NodeState>) -> Router<S> {
     let console = Console { timers: TimerApi::new(node.clone()), admin: AdminApi::new(node.clone()), node };
-    Router::new()
-        .route("/ui", get(cluster))
-        .route("/ui/namespaces/{namespace}", get(namespace))
-        .route("/ui/search", get(search))
-        .route("/ui/timers/{namespace}/{id}", get(timer))
-        .route("/ui/login", get(login_form).post(login))
-        .with_state(console)
+    crate::api::rest::mount(Router::new(), PAGES).with_state(console)
 }
 
 /// HTML-escapes text for an element or a quoted attribute.
@@ -152,7 +174,15 @@ fn failure(console: &Console, title: &str, status: tonic::Status) -> Response {
     resp
 }
 
-async fn cluster(State(c): State<Console>) -> Response {
+/// The console: the cluster's nodes and shards.
+#[utoipa::path(
+    get,
+    path = "/ui",
+    operation_id = "console_cluster",
+    tag = "console",
+    responses((status = 200, description = "A page", body = String, content_type = "text/html"), ApiErrors)
+)]
+pub async fn cluster(State(c): State<Console>) -> Response {
     let info = c.admin.cluster_info().await;
     let mut body = format!(
         "<h1>Cluster <span class=\"muted\">{}</span></h1><div class=\"cards\">\
@@ -290,7 +320,17 @@ fn timer_rows(timers: &[pb::Timer]) -> String {
     rows
 }
 
-async fn namespace(State(c): State<Console>, Path(ns): Path<String>) -> Response {
+/// The console: a namespace's horizon and DEAD timers.
+#[utoipa::path(
+    get,
+    path = "/ui/namespaces/{namespace}",
+    operation_id = "console_namespace",
+    tag = "console",
+    params(NamespacePath),
+    responses((status = 200, description = "A page", body = String, content_type = "text/html"), ApiErrors)
+)]
+pub async fn namespace(State(c): State<Console>, ApiPath(p): ApiPath<NamespacePath>) -> Response {
+    let ns = p.namespace;
     let title = format!("Namespace {ns}");
     let horizon = match c.timers.get_horizon(rpc(pb::GetHorizonRequest { namespace: ns.clone() })).await {
         Ok(h) => h.into_inner(),
@@ -344,16 +384,36 @@ async fn namespace(State(c): State<Console>, Path(ns): Path<String>) -> Response
     page(&title, c.node.node_id, &body)
 }
 
-#[derive(serde::Deserialize)]
-struct SearchQuery {
+/// The search form's fields.
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct SearchQuery {
+    /// The namespace to search.
     namespace: String,
+    /// A timer's id: its page.
     #[serde(default)]
+    #[param(required = false)]
     id: String,
+    /// Else the namespace's timers in this state.
     #[serde(default)]
+    #[param(required = false)]
     state: String,
 }
 
-async fn search(State(c): State<Console>, Query(q): Query<SearchQuery>) -> Response {
+/// The console: a timer by id, or a namespace's timers in a state.
+#[utoipa::path(
+    get,
+    path = "/ui/search",
+    operation_id = "console_search",
+    tag = "console",
+    params(SearchQuery),
+    responses(
+        (status = 200, description = "The timers found", body = String, content_type = "text/html"),
+        (status = 303, description = "To the timer's page"),
+        ApiErrors,
+    )
+)]
+pub async fn search(State(c): State<Console>, ApiQuery(q): ApiQuery<SearchQuery>) -> Response {
     let ns = q.namespace.trim().to_string();
     let id = q.id.trim();
     if !id.is_empty() {
@@ -399,7 +459,17 @@ async fn search(State(c): State<Console>, Query(q): Query<SearchQuery>) -> Respo
     page(&title, c.node.node_id, &body)
 }
 
-async fn timer(State(c): State<Console>, Path((ns, id)): Path<(String, String)>) -> Response {
+/// The console: a timer, its firing and its attempts.
+#[utoipa::path(
+    get,
+    path = "/ui/timers/{namespace}/{id}",
+    operation_id = "console_timer",
+    tag = "console",
+    params(TimerPath),
+    responses((status = 200, description = "A page", body = String, content_type = "text/html"), ApiErrors)
+)]
+pub async fn timer(State(c): State<Console>, ApiPath(p): ApiPath<TimerPath>) -> Response {
+    let TimerPath { namespace: ns, id } = p;
     let title = format!("Timer {ns}/{id}");
     let req = pb::GetTimerRequest { namespace: ns.clone(), id: id.clone(), include_attempts: true };
     let t = match c.timers.get_timer(rpc(req)).await {
@@ -462,7 +532,16 @@ async fn timer(State(c): State<Console>, Path((ns, id)): Path<(String, String)>)
     page(&title, c.node.node_id, &body)
 }
 
-async fn login_form(State(c): State<Console>) -> Response {
+/// The console's sign-in form.
+#[utoipa::path(
+    get,
+    path = "/ui/login",
+    operation_id = "console_login_form",
+    tag = "console",
+    security(()),
+    responses((status = 200, description = "A page", body = String, content_type = "text/html"), ApiErrors)
+)]
+pub async fn login_form(State(c): State<Console>) -> Response {
     page(
         "Sign in",
         c.node.node_id,
@@ -473,16 +552,31 @@ async fn login_form(State(c): State<Console>) -> Response {
     )
 }
 
-#[derive(serde::Deserialize)]
-struct LoginForm {
+/// The sign-in form's field.
+#[derive(serde::Deserialize, utoipa::ToSchema)]
+pub struct LoginForm {
+    /// A bearer token.
     token: String,
 }
 
-async fn login(Form(form): Form<LoginForm>) -> Response {
+/// The console: sign in, keeping the token in a cookie.
+#[utoipa::path(
+    post,
+    path = "/ui/login",
+    operation_id = "console_login",
+    tag = "console",
+    security(()),
+    request_body(content = LoginForm, content_type = "application/x-www-form-urlencoded"),
+    responses(
+        (status = 303, description = "Signed in: to `/ui`, with the cookie"),
+        ApiErrors,
+    )
+)]
+pub async fn login(Form(form): Form<LoginForm>) -> Response {
     let token = form.token.trim();
     // A token is `tcn_…` or the bootstrap token (base64): no cookie syntax.
     if token.is_empty() || !token.bytes().all(|b| b.is_ascii_graphic() && b != b';' && b != b',' && b != b'"') {
-        return (StatusCode::BAD_REQUEST, "not a token\n").into_response();
+        return crate::api::rest::error_response(tonic::Code::InvalidArgument, "not a token", "token");
     }
     let cookie = format!("{CONSOLE_COOKIE}={token}; Path=/ui; HttpOnly; SameSite=Strict");
     ([(header::SET_COOKIE, cookie)], Redirect::to("/ui")).into_response()
