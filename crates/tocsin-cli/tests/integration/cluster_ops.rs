@@ -35,13 +35,20 @@ const SMALL_SNAPSHOTS: &[(&str, &str)] =
 
 /// Runs `tocsin admin …` against `addr`; returns (success, stdout + stderr).
 fn admin(addr: &str, args: &[&str]) -> (bool, String) {
+    let (ok, text) = admin_quiet(addr, args);
+    println!("$ tocsin admin {}\n{text}", args.join(" "));
+    (ok, text)
+}
+
+/// [`admin`] without echoing the output (a failing test prints what it
+/// printed, and a status listing is hundreds of lines).
+fn admin_quiet(addr: &str, args: &[&str]) -> (bool, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_tocsin"))
         .args(["admin", "--addr", addr])
         .args(args)
         .output()
         .expect("run tocsin admin");
     let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
-    println!("$ tocsin admin {}\n{text}", args.join(" "));
     (out.status.success(), text)
 }
 
@@ -71,7 +78,8 @@ async fn placements(client: &Client) -> Vec<BTreeSet<u64>> {
 
 /// `tocsin admin status --json` from `addr`.
 fn status(addr: &str) -> serde_json::Value {
-    let (ok, out) = admin(addr, &["status", "--json"]);
+    let (ok, out) = admin_quiet(addr, &["status", "--json"]);
+    println!("$ tocsin admin status --json: {} bytes", out.len());
     assert!(ok || out.contains("\"shards\""), "status failed:\n{out}");
     serde_json::from_str(&out[out.find('{').expect("json")..]).expect("status json")
 }

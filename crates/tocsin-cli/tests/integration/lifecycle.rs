@@ -336,6 +336,19 @@ async fn http_pull_long_polls_acks_nacks_and_honours_a_timers_own_ttr() {
     for id in ["b", "c", "d"] {
         client.create_timer(pull(id, 0)).await.unwrap();
     }
+    // All three ready before the call, so one reservation batch takes them:
+    // a call answers with what arrives within a few ms of its first delivery,
+    // and timers coming due one commit apart would be split across calls
+    // (CI, two tests on two cores: 1 in ~10 runs).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    for id in ["b", "c", "d"] {
+        while client.get_timer("jobs", id).await.unwrap().state != pb::timer::State::Firing as i32 {
+            assert!(std::time::Instant::now() < deadline, "{id} never fired");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    // Firing is applied before the leader offers it to the topic's queue.
+    tokio::time::sleep(Duration::from_millis(200)).await;
     let (_, body) = post(":reserve", serde_json::json!({ "max": 3, "wait_ms": 5_000 })).await;
     let mut ids: Vec<&str> = body["deliveries"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
     ids.sort_unstable();
@@ -348,7 +361,11 @@ async fn http_pull_long_polls_acks_nacks_and_honours_a_timers_own_ttr() {
     let (status, body) = post(":nack", nack).await;
     assert_eq!((status, body["results"][0]["status"].as_str()), (200, Some("OK")), "{body}");
     let (_, body) = post(":reserve", serde_json::json!({ "max": 1, "wait_ms": 5_000 })).await;
-    assert_eq!((body["deliveries"][0]["id"].as_str(), body["deliveries"][0]["attempt"].as_u64()), (Some("b"), Some(2)));
+    assert_eq!(
+        (body["deliveries"][0]["id"].as_str(), body["deliveries"][0]["attempt"].as_u64()),
+        (Some("b"), Some(2)),
+        "{body}"
+    );
 
     // Phase: bad input gets the JSON error shape.
     let (status, body) = post(":reserve", serde_json::json!({ "max": 0 })).await;
