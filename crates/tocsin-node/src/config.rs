@@ -124,12 +124,19 @@ pub enum LogFormat {
     Json,
 }
 
-/// Raft timings. The defaults are tuned for failover within 300 ms on a LAN
-/// (issue 11): a follower campaigns after `election_timeout_max_ms` (openraft's
-/// leader lease, during which it grants no vote) plus a fresh draw from
-/// [min, max] of silence, so a killed leader is replaced about 200-250 ms
-/// after the kill (measured in BENCHMARKS.md, "Failover against the Raft
-/// timings"). With 50 / 150-300 ms it took 460-530 ms.
+/// Raft timings. A follower campaigns after `election_timeout_max_ms`
+/// (openraft's leader lease, during which it grants no vote) plus a fresh
+/// draw from [min, max] of silence, so a killed leader is replaced about
+/// max + a draw after its last heartbeat; the min is also the leader's
+/// dispatch lease (`ShardCtx::may_dispatch`).
+///
+/// The defaults (50 / 150–300 ms) replace a killed leader in 460–530 ms.
+/// 40 / 90–120 ms does it in 176–338 ms, but on a CPU-saturated host it
+/// misses heartbeats and leases: offered 10,000 timers/s, three nodes on
+/// two cores held 200–400 elections per node and delivered 4,000–7,000
+/// duplicates, against none and 38–93 with the defaults (BENCHMARKS.md,
+/// "Raft timings under overload"). Shorter timings are a choice for hosts
+/// that keep CPU to spare.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RaftTuning {
@@ -154,9 +161,9 @@ pub struct RaftTuning {
 impl Default for RaftTuning {
     fn default() -> Self {
         RaftTuning {
-            heartbeat_ms: 40,
-            election_timeout_min_ms: 90,
-            election_timeout_max_ms: 120,
+            heartbeat_ms: 50,
+            election_timeout_min_ms: 150,
+            election_timeout_max_ms: 300,
             snapshot_every_entries: 20_000,
             keep_entries_after_snapshot: 5_000,
             rpc_timeout_ms: 1_000,
