@@ -188,6 +188,28 @@ async fn every_rule_answers_the_right_code() {
     assert_eq!(resp.status().as_u16(), 413);
     let v: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(v["error"]["code"], "RESOURCE_EXHAUSTED");
+    // A chunked body declares no length: the limit is found while reading,
+    // and the client still gets its 413 after writing the whole body, not a
+    // connection closed under it (a broken pipe).
+    {
+        use tokio::io::AsyncReadExt;
+        use tokio::io::AsyncWriteExt;
+        let mut tcp = tokio::net::TcpStream::connect(node.http.as_str()).await.unwrap();
+        let head = "POST /v1/timers HTTP/1.1\r\nhost: tocsin\r\ncontent-type: application/json\r\n\
+                    transfer-encoding: chunked\r\nconnection: close\r\n\r\n";
+        tcp.write_all(head.as_bytes()).await.unwrap();
+        let chunk = vec![b'a'; 1 << 20];
+        for i in 0..9 {
+            tcp.write_all(format!("{:x}\r\n", chunk.len()).as_bytes()).await.unwrap();
+            tcp.write_all(&chunk).await.unwrap_or_else(|e| panic!("chunk {i} of a 9 MiB chunked body: {e}"));
+            tcp.write_all(b"\r\n").await.unwrap();
+        }
+        tcp.write_all(b"0\r\n\r\n").await.unwrap();
+        let mut answer = String::new();
+        tcp.read_to_string(&mut answer).await.unwrap();
+        assert!(answer.starts_with("HTTP/1.1 413"), "{}", &answer[..answer.len().min(300)]);
+        assert!(answer.contains("RESOURCE_EXHAUSTED"), "{answer}");
+    }
     let mut big = tocsin_client::webhook_timer("orders", "huge", 1000, "http://127.0.0.1:9/hook");
     big.payload = huge.into();
     let err = grpc.create_timer(big).await.unwrap_err();

@@ -222,25 +222,91 @@ where
     }
 }
 
+/// The body limit the HTTP router applies (`admission.max_request_bytes`),
+/// as a request extension for [`ApiBody`].
+#[derive(Clone, Copy, Debug)]
+pub struct BodyLimit(pub usize);
+
+/// Most bytes of a body over the limit that are read (and dropped) before
+/// its 413 goes out; past it, or after [`OVERSIZE_DRAIN_TIMEOUT`], the
+/// connection is closed unread.
+const OVERSIZE_DRAIN_MAX_BYTES: u64 = 64 << 20;
+const OVERSIZE_DRAIN_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// The request body, whole, as bytes (the handlers parse it as JSON
 /// whatever the `content-type` says: `curl -d` sends a form's). Refuses in
-/// the JSON error shape: 413 over the body limit, 400 if it cannot be read.
+/// the JSON error shape: 413 over the body limit ([`BodyLimit`]), 400 if it
+/// cannot be read.
+///
+/// A body over the limit, declared so by its `content-length` or found so
+/// while reading a chunked one, is read on (and dropped) before the 413:
+/// answering while the client still writes closes the connection under
+/// it, and the client sees a broken pipe instead of the 413 (measured: a
+/// 9 MiB body on loopback, 1 run in 3 in CI). The read goes at most to
+/// [`OVERSIZE_DRAIN_MAX_BYTES`] and for [`OVERSIZE_DRAIN_TIMEOUT`], a
+/// bounded lingering close as web servers do. Being an extractor, the
+/// refusal is inside the route's metrics and access log.
 pub struct ApiBody(pub Bytes);
 
 impl<S: Send + Sync> FromRequest<S> for ApiBody {
     type Rejection = Response;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
-        match Bytes::from_request(request, state).await {
-            Ok(bytes) => Ok(ApiBody(bytes)),
-            // Over the limit: the router's `json_413` words it, with the limit.
-            Err(e) if e.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(e.into_response()),
-            Err(e) => {
-                let message = format!("cannot read the request body: {}", e.body_text());
-                Err(error_with_status(e.status(), tonic::Code::InvalidArgument, &message, "body"))
+        let Some(BodyLimit(limit)) = request.extensions().get::<BodyLimit>().copied() else {
+            // Outside the router (tests of one handler): axum's own limit.
+            return match Bytes::from_request(request, state).await {
+                Ok(bytes) => Ok(ApiBody(bytes)),
+                Err(e) => Err(body_error(e.status(), &e.body_text())),
+            };
+        };
+        let declared = request
+            .headers()
+            .get(axum::http::header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        let mut body = request.into_body().into_data_stream();
+        let mut read = Vec::new();
+        let mut over = declared.is_some_and(|len| len > limit as u64);
+        let mut seen = 0u64;
+        if !over {
+            while let Some(chunk) = futures::StreamExt::next(&mut body).await {
+                let chunk = chunk.map_err(|e| body_error(StatusCode::BAD_REQUEST, &e.to_string()))?;
+                seen += chunk.len() as u64;
+                if read.len() + chunk.len() > limit {
+                    over = true;
+                    break;
+                }
+                read.extend_from_slice(&chunk);
             }
         }
+        if !over {
+            return Ok(ApiBody(Bytes::from(read)));
+        }
+        drop(read);
+        if declared.unwrap_or(0) <= OVERSIZE_DRAIN_MAX_BYTES {
+            let drain = async {
+                while let Some(Ok(chunk)) = futures::StreamExt::next(&mut body).await {
+                    seen += chunk.len() as u64;
+                    if seen > OVERSIZE_DRAIN_MAX_BYTES {
+                        break;
+                    }
+                }
+            };
+            let _ = tokio::time::timeout(OVERSIZE_DRAIN_TIMEOUT, drain).await;
+        }
+        Err(too_large(limit))
     }
+}
+
+/// A body that could not be read: 413 over axum's limit (worded by the
+/// router's `json_413`), else 400.
+fn body_error(status: StatusCode, text: &str) -> Response {
+    if status == StatusCode::PAYLOAD_TOO_LARGE {
+        return status.into_response();
+    }
+    let message = format!("cannot read the request body: {text}");
+    let status = if status.is_client_error() { status } else { StatusCode::BAD_REQUEST };
+    error_with_status(status, tonic::Code::InvalidArgument, &message, "body")
 }
 
 /// Parses a JSON body into `T`, answering 400 (with the serde message, which
