@@ -332,3 +332,53 @@ async fn pausing_a_namespace_and_an_endpoint() {
     let (_, out) = admin(&node, &["namespace", "paused"]);
     assert!(out.contains("nothing is paused"), "{out}");
 }
+
+/// The deliveries waiting for a connection slot are bounded in bytes on the
+/// node (`delivery.max_queued_bytes`): past it an attempt fails at once as
+/// `queue_full` and is retried after its backoff, sending nothing, and once
+/// the endpoint keeps up again every timer is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn waiting_deliveries_are_bounded_in_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    // One request at a time to the endpoint, and room for one waiting
+    // delivery (each counts its payload and 2 KiB).
+    let node = NodeProcess::start(
+        dir.path(),
+        &[("TOCSIN_DELIVERY__PER_ENDPOINT_CONCURRENCY", "1"), ("TOCSIN_DELIVERY__MAX_QUEUED_BYTES", "3000")],
+    );
+    let client = Client::connect([node.grpc.clone()]).await.unwrap();
+    let slow = Scripted::start(Script { status: 200, retry_after_s: None, delay_ms: 1_500 }).await;
+    let ids: Vec<String> = (0..5).map(|i| format!("q-{i}")).collect();
+    let fire_at_ms = now_ms() + 500;
+    for id in &ids {
+        let mut t = timer("bounded", id, 0, &slow.url);
+        t.fire_time = Some(pb::create_timer_request::FireTime::FireAtMs(fire_at_ms));
+        client.create_timer(t).await.unwrap();
+    }
+    // Phase: one is sent, one waits, the other three find the queue full.
+    wait_for("three queue_full attempts", Duration::from_secs(10), async || {
+        let mut full = 0;
+        for id in &ids {
+            let t = client.get_timer_with("bounded", id, true).await.unwrap();
+            full += t.attempts.iter().filter(|a| a.class == "queue_full").count();
+        }
+        full >= 3
+    })
+    .await;
+    assert!(slow.requests() <= 2, "{} requests while one at a time takes 1.5 s", slow.requests());
+    // Phase: the endpoint keeps up again and every timer is delivered.
+    slow.set(OK);
+    let delivered = pb::timer::State::Delivered as i32;
+    wait_for("every timer delivered", Duration::from_secs(30), async || {
+        for id in &ids {
+            if state_of(&client, "bounded", id).await != delivered {
+                return false;
+            }
+        }
+        true
+    })
+    .await;
+    for id in &ids {
+        assert_eq!(slow.of(id).len().min(1), 1, "{id} reached the endpoint");
+    }
+}

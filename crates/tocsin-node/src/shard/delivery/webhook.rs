@@ -88,6 +88,10 @@ const MAX_ENDPOINTS: usize = 10_000;
 /// is enabled again (its next attempt finds out).
 const MAX_DISABLED: usize = 10_000;
 
+/// What an attempt waiting for a slot holds besides its payload (its task,
+/// record and URL), roughly, for `delivery.max_queued_bytes`.
+const QUEUED_OVERHEAD_BYTES: usize = 2_048;
+
 struct Endpoint {
     permits: Arc<Semaphore>,
     queued: AtomicUsize,
@@ -135,6 +139,9 @@ pub struct WebhookSender {
     /// Callback URLs a `410 Gone` disabled, by URL.
     disabled: Mutex<HashMap<String, Disabled>>,
     global: Arc<Semaphore>,
+    /// Bytes held by attempts waiting for a connection slot, all endpoints
+    /// together (bounded by `delivery.max_queued_bytes`).
+    queued_bytes: AtomicUsize,
     /// Per namespace, the signing keys, current first: every delivery is
     /// signed with each (rotation). Replaced whole by [`Self::set_secrets`].
     secrets: std::sync::RwLock<Arc<HashMap<String, Vec<Vec<u8>>>>>,
@@ -166,6 +173,7 @@ impl WebhookSender {
         Ok(WebhookSender {
             client,
             global: Arc::new(Semaphore::new(config.max_in_flight)),
+            queued_bytes: AtomicUsize::new(0),
             breaker: BreakerConfig {
                 probe_timeout_ms: config.webhook_timeout_ms.saturating_add(1_000),
                 ..BreakerConfig::default()
@@ -393,8 +401,15 @@ impl WebhookSender {
                 return Some((outcome, AttemptReport::new(0, why.class(), 0)));
             }
         };
-        if endpoint.queued.fetch_add(1, Ordering::SeqCst) >= self.config.per_endpoint_queue {
-            endpoint.queued.fetch_sub(1, Ordering::SeqCst);
+        // What a waiting attempt holds: its record (the payload most of it).
+        let cost_bytes = record.payload.len() + QUEUED_OVERHEAD_BYTES;
+        let over_bytes =
+            self.queued_bytes.fetch_add(cost_bytes, Ordering::SeqCst) + cost_bytes > self.config.max_queued_bytes;
+        if over_bytes || endpoint.queued.fetch_add(1, Ordering::SeqCst) >= self.config.per_endpoint_queue {
+            if !over_bytes {
+                endpoint.queued.fetch_sub(1, Ordering::SeqCst);
+            }
+            self.queued_bytes.fetch_sub(cost_bytes, Ordering::SeqCst);
             metrics::counter!("tocsin_webhook_responses_total", "class" => "queue_full").increment(1);
             let outcome = Outcome::Retry { error: "endpoint queue full".into(), retry_after_ms: None };
             return Some((outcome, AttemptReport::new(0, "queue_full", 0)));
@@ -411,6 +426,7 @@ impl WebhookSender {
         };
         let permits = tokio::time::timeout_at(slot_deadline, permits).await;
         endpoint.queued.fetch_sub(1, Ordering::SeqCst);
+        self.queued_bytes.fetch_sub(cost_bytes, Ordering::SeqCst);
         let _permits = match permits {
             Ok(Some(permits)) => permits,
             Ok(None) => return None,
