@@ -234,6 +234,11 @@ pub struct FireCore {
     /// old time: the core keeps to the shard's time, which never goes
     /// backwards (the stamps apply checks "never early" against do not either).
     clock_ms: u64,
+    /// Since when every poll has left due timers in the wheel for want of
+    /// fire budget (the `Fire` batches in flight are at their bound): the
+    /// fire path is behind, and the node sheds creates to the shard once
+    /// this has lasted (see [`FireCore::behind_ms`]).
+    behind_since_ms: Option<u64>,
 }
 
 impl FireCore {
@@ -253,6 +258,7 @@ impl FireCore {
             paused: std::collections::HashSet::new(),
             stats: FireStats::default(),
             clock_ms: now_ms,
+            behind_since_ms: None,
         }
     }
 
@@ -281,6 +287,18 @@ impl FireCore {
             Cursor::Before(t) => *t,
             Cursor::After(p) => p.due_ms,
         }
+    }
+
+    /// How long the fire path has been behind, as of the last
+    /// [`poll`](Self::poll): every poll for that long left timers that were
+    /// due in the wheel because the fire budget ran out. 0 when the last poll
+    /// handed over everything due. Lateness itself would be the wrong
+    /// measure: a timer created with a past fire time, or one of a resumed
+    /// namespace, is late without the fire path being short of anything;
+    /// paced retries and catch-up fires wait for their namespace's budget,
+    /// not the fire budget, and do not count either.
+    pub fn behind_ms(&self) -> u64 {
+        self.behind_since_ms.map_or(0, |since| self.clock_ms.saturating_sub(since))
     }
 
     /// Retries waiting for their namespace's budget.
@@ -498,6 +516,8 @@ impl FireCore {
             fires.push((key, due.at_ms));
             budget -= 1;
         }
+        let behind = budget == 0 && self.wheel.next_poll_ms().is_some_and(|at| at <= now_ms);
+        self.behind_since_ms = if behind { Some(self.behind_since_ms.unwrap_or(now_ms)) } else { None };
         self.stats.proposed += fires.len() as u64;
         while !fires.is_empty() {
             let rest = fires.split_off(fires.len().min(batch.max(1)));

@@ -206,6 +206,9 @@ pub enum ShedReason {
     QueueDelay,
     /// The node's scheduling lag is past `shed_creates_lag_ms`.
     SchedulingLag,
+    /// The shard's fire loop has been leaving due timers unfired for want
+    /// of batches for longer than `shed_creates_fire_behind_ms`.
+    FireBehind,
 }
 
 impl ShedReason {
@@ -213,6 +216,7 @@ impl ShedReason {
         match self {
             ShedReason::QueueDelay => "queue_delay",
             ShedReason::SchedulingLag => "scheduling_lag",
+            ShedReason::FireBehind => "fire_behind",
         }
     }
 
@@ -220,7 +224,7 @@ impl ShedReason {
     /// an average over the whole node and clears more slowly than a queue.
     fn hint_factor(self) -> u32 {
         match self {
-            ShedReason::QueueDelay => 1,
+            ShedReason::QueueDelay | ShedReason::FireBehind => 1,
             ShedReason::SchedulingLag => 4,
         }
     }

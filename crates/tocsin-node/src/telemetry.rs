@@ -59,7 +59,7 @@ pub const METRICS: &[(&str, Kind, Unit, &str)] = &[
         "tocsin_creates_shed_total",
         Kind::Counter,
         Unit::Count,
-        "Creates refused early under overload (RESOURCE_EXHAUSTED), by reason",
+        "Creates refused early under overload (RESOURCE_EXHAUSTED), by reason (queue_delay, scheduling_lag, fire_behind)",
     ),
     ("tocsin_creates_over_quota_total", Kind::Counter, Unit::Count, "Creates refused by a namespace quota, by quota"),
     (
@@ -171,6 +171,12 @@ pub const METRICS: &[(&str, Kind, Unit, &str)] = &[
         Kind::Counter,
         Unit::Count,
         "Timers the fire loop read again from the index after an unknown outcome",
+    ),
+    (
+        "tocsin_fire_behind_seconds",
+        Kind::Gauge,
+        Unit::Seconds,
+        "How long the leader's fire loop has left due timers unfired for want of Fire batches (creates are shed past admission.shed_creates_fire_behind_ms), by shard",
     ),
     (
         "tocsin_loader_lag_seconds",

@@ -617,6 +617,71 @@ fn a_late_backlog_catches_up_at_its_namespace_rate() {
     assert!((3_900..=4_100).contains(&took_ms), "80 deferred fires at 20/s took {took_ms} ms");
 }
 
+/// The fire path is behind while due timers stay in the wheel for want of
+/// fire budget, and only then: not for late timers it hands over at once
+/// (created with a past fire time), nor for retries waiting for their
+/// namespace's retry budget. `behind_ms` is how long it has been so.
+#[test]
+fn the_fire_path_is_behind_only_while_the_fire_budget_leaves_due_timers() {
+    let config = FireConfig {
+        hot_window_ms: WINDOW_MS,
+        load_page: 10_000,
+        max_tracked: 10_000,
+        retry_delay_ms: 20,
+        retries_per_namespace_per_sec: 10,
+        catch_up_after_ms: 0,
+        catch_up_per_namespace_per_sec: 0,
+    };
+    let now = 10_000_000;
+    let mut core = FireCore::new(config, EPOCH, now);
+    let mut entries = Vec::new();
+    // Created an hour late: due long ago, yet nothing is short.
+    for i in 0..50 {
+        entries
+            .push((DuePos { due_ms: now - 3_600_000, key: TimerKey::new("late", format!("l-{i:02}")) }, DueKind::Fire));
+    }
+    // A receiver outage's retries: paced, not the fire path's backlog.
+    for i in 0..200 {
+        entries.push((DuePos { due_ms: now - 1_000, key: TimerKey::new("down", format!("r-{i:03}")) }, DueKind::Retry));
+    }
+    // A burst due in one millisecond, a second from now.
+    for i in 0..1_000 {
+        entries.push((DuePos { due_ms: now + 1_000, key: TimerKey::new("burst", format!("b-{i:04}")) }, DueKind::Fire));
+    }
+    entries.sort_by(|a, b| a.0.cmp(&b.0));
+    let fired = |actions: Vec<Action>| -> usize {
+        actions.into_iter().map(|a| if let Action::Fire(f) = a { f.len() } else { 0 }).sum()
+    };
+    let _ = core.poll(now, 0, 100);
+    core.on_page(1, entries, now + WINDOW_MS);
+    // Phase: the late ones and a second of retries go at once; the rest of
+    // the retries wait for their budget, and that is not being behind.
+    assert_eq!(fired(core.poll(now, 400, 100)), 60);
+    assert_eq!(core.behind_ms(), 0);
+    assert_eq!(core.deferred(), 190);
+    assert_eq!(fired(core.poll(now + 500, 400, 100)), 5);
+    assert_eq!(core.behind_ms(), 0, "paced retries are not the fire path's backlog");
+    // Phase: the burst comes due with a budget of 300 per poll.
+    let t = now + 1_000;
+    assert!(fired(core.poll(t, 300, 100)) <= 300);
+    assert_eq!(core.behind_ms(), 0, "behind since this poll");
+    assert_eq!(fired(core.poll(t + 40, 0, 100)), 0, "batches in flight: no budget");
+    assert_eq!(core.behind_ms(), 40);
+    assert_eq!(fired(core.poll(t + 90, 300, 100)), 300);
+    assert_eq!(core.behind_ms(), 90);
+    // Phase: the budget catches up with the burst, and the fire path is
+    // not behind any more.
+    let mut at = t + 90;
+    while core.in_wheel() > 0 {
+        at += 10;
+        let _ = core.poll(at, 300, 100);
+    }
+    assert_eq!(core.behind_ms(), 0, "everything due was handed over at {}", at - t);
+    // An empty budget with nothing due is not behind either.
+    let _ = core.poll(at + 10, 0, 100);
+    assert_eq!(core.behind_ms(), 0);
+}
+
 /// A paused namespace fires nothing: its due timers are let go (they stay
 /// in the index); the others fire as usual. On resume the loader reads the
 /// index from the start again and they fire, late.

@@ -310,6 +310,7 @@ impl NodeState {
                 queue: self.config.admission.proposal_queue,
                 timeout: Duration::from_millis(self.config.admission.request_timeout_ms),
                 shed_creates_after: Duration::from_millis(self.config.admission.shed_creates_after_ms),
+                shed_creates_fire_behind: Duration::from_millis(self.config.admission.shed_creates_fire_behind_ms),
             },
             &self.fire_runtime,
         );

@@ -192,6 +192,8 @@ impl Drop for Guard {
         self.ctx.set_leadership(Leadership::Follower);
         self.ctx.events.detach(self.generation);
         metrics::gauge!("tocsin_wheel_entries", "shard" => self.ctx.shard.to_string()).set(0.0);
+        metrics::gauge!("tocsin_fire_behind_seconds", "shard" => self.ctx.shard.to_string()).set(0.0);
+        self.ctx.proposer.set_fire_behind(Duration::ZERO);
     }
 }
 
@@ -440,6 +442,7 @@ impl FireLoop {
             }
         }
         self.flush_rereads();
+        self.ctx.proposer.set_fire_behind(Duration::from_millis(self.core.behind_ms()));
         true
     }
 
@@ -557,6 +560,7 @@ impl FireLoop {
         metrics::gauge!("tocsin_wheel_entries", "shard" => shard.clone()).set(self.core.in_wheel() as f64);
         let lag_ms = (self.ctx.clock.now_ms() + self.ctx.config.firing.hot_window_ms)
             .saturating_sub(self.core.loaded_until_ms());
-        metrics::gauge!("tocsin_loader_lag_seconds", "shard" => shard).set(lag_ms as f64 / 1000.0);
+        metrics::gauge!("tocsin_loader_lag_seconds", "shard" => shard.clone()).set(lag_ms as f64 / 1000.0);
+        metrics::gauge!("tocsin_fire_behind_seconds", "shard" => shard).set(self.core.behind_ms() as f64 / 1000.0);
     }
 }

@@ -24,6 +24,16 @@
 //! `shed_creates_after`, new client creates are refused at once with
 //! `Overloaded` and that wait as the retry hint, and the commands already
 //! queued (and the leader's own) go through at the rate the shard commits.
+//!
+//! The queue is not the only place an overloaded shard falls behind: each
+//! accepted timer costs its leader a `Fire` and an outcome later, and those
+//! go through this same queue only as fast as the fire loop's bounded
+//! batches let them. So the fire loop also reports since when it has been
+//! leaving due timers in its wheel for want of batches
+//! (`FireCore::behind_ms`, [`Proposer::set_fire_behind`]); while that is
+//! past `shed_creates_fire_behind`, client creates are refused the same
+//! way. Creates taken faster than the shard can fire them would all fire
+//! late, however short the queue is.
 
 use std::sync::Arc;
 use std::sync::LazyLock;
@@ -108,11 +118,21 @@ struct Backlog {
     /// When the command at the head of the queue was submitted
     /// ([`micros_since_base`]), or 0 while the task waits for commands.
     head_submitted_us: AtomicU64,
+    /// Since when this node's fire loop for the shard has been behind
+    /// ([`micros_since_base`]), or 0: written by the fire loop.
+    fire_behind_since_us: AtomicU64,
 }
 
 impl Backlog {
     fn wait_at(&self, now: Instant) -> Duration {
         match self.head_submitted_us.load(Ordering::Relaxed) {
+            0 => Duration::ZERO,
+            since => Duration::from_micros(micros_since_base(now).saturating_sub(since)),
+        }
+    }
+
+    fn fire_behind_at(&self, now: Instant) -> Duration {
+        match self.fire_behind_since_us.load(Ordering::Relaxed) {
             0 => Duration::ZERO,
             since => Duration::from_micros(micros_since_base(now).saturating_sub(since)),
         }
@@ -129,12 +149,22 @@ pub fn shed_create(backlog_wait: Duration, shed_after: Duration) -> Result<(), P
     }
 }
 
+/// Whether a client create is refused while the shard's fire loop has been
+/// behind for `fire_behind` against the bound `shed_after` (0: never).
+pub fn shed_create_for_fire_behind(fire_behind: Duration, shed_after: Duration) -> Result<(), ProposeError> {
+    match crate::admission::shed(crate::admission::ShedReason::FireBehind, fire_behind, shed_after) {
+        None => Ok(()),
+        Some(retry_after) => Err(ProposeError::Overloaded { retry_after }),
+    }
+}
+
 /// A handle for submitting a shard's commands.
 #[derive(Clone)]
 pub struct Proposer {
     tx: mpsc::Sender<Pending>,
     timeout: Duration,
     shed_after: Duration,
+    shed_fire_behind: Duration,
     backlog: Arc<Backlog>,
     raft: Raft,
     node_id: u64,
@@ -150,6 +180,9 @@ pub struct ProposerLimits {
     /// Client creates are refused while the queue's head has waited longer
     /// than this (zero: never).
     pub shed_creates_after: Duration,
+    /// Client creates are refused while the shard's fire loop has been
+    /// behind for longer than this (zero: never).
+    pub shed_creates_fire_behind: Duration,
 }
 
 impl Proposer {
@@ -166,7 +199,15 @@ impl Proposer {
         let (tx, rx) = mpsc::channel(limits.queue.max(1));
         let backlog = Arc::new(Backlog::default());
         runtime.spawn(run(raft.clone(), clock, rx, limits.timeout, backlog.clone()));
-        Proposer { tx, timeout: limits.timeout, shed_after: limits.shed_creates_after, backlog, raft, node_id }
+        Proposer {
+            tx,
+            timeout: limits.timeout,
+            shed_after: limits.shed_creates_after,
+            shed_fire_behind: limits.shed_creates_fire_behind,
+            backlog,
+            raft,
+            node_id,
+        }
     }
 
     /// How long the command at the head of the queue has been waiting for an
@@ -175,10 +216,21 @@ impl Proposer {
         self.backlog.wait_at(Instant::now())
     }
 
-    /// Refuses a client create while the queue is past its shedding bound
-    /// (see the module doc). The leader's own commands never ask.
+    /// Refuses a client create while the queue, or the fire loop, is past
+    /// its shedding bound (see the module doc). The leader's own commands
+    /// never ask.
     pub fn admit_create(&self) -> Result<(), ProposeError> {
-        shed_create(self.backlog_wait(), self.shed_after)
+        let now = Instant::now();
+        shed_create(self.backlog.wait_at(now), self.shed_after)?;
+        shed_create_for_fire_behind(self.backlog.fire_behind_at(now), self.shed_fire_behind)
+    }
+
+    /// The fire loop's report: it has been behind for `behind` (zero: it is
+    /// not). The loop reports on every turn and zero when it stops.
+    pub fn set_fire_behind(&self, behind: Duration) {
+        let since =
+            if behind.is_zero() { 0 } else { micros_since_base(Instant::now().checked_sub(behind).unwrap_or(*BASE)) };
+        self.backlog.fire_behind_since_us.store(since, Ordering::Relaxed);
     }
 
     /// Whether this node leads the shard by its own account but has heard
