@@ -188,9 +188,9 @@ impl Node {
         // acknowledged is already in the synced WAL.
         let store = self.state.store.clone();
         let _ = tokio::task::spawn_blocking(move || store.db().cancel_all_background_work(true)).await;
-        // Last: every group's core ran on it, and all are shut down now.
-        drop(self.fire_runtime);
-        drop(self.raft_runtime);
+        // Last: every group's core ran on them, and all are shut down now.
+        self.fire_runtime.stop().await;
+        self.raft_runtime.stop().await;
     }
 }
 

@@ -104,7 +104,22 @@ impl SideRuntime {
     pub fn handle(&self) -> &Handle {
         &self.handle
     }
+
+    /// Stops the runtime and waits (up to [`STOP_TIMEOUT`]) for the blocking
+    /// work it started (index reads of the fire loops, log reads of the Raft
+    /// cores), so that none of it still holds the store, or runs in RocksDB,
+    /// while the process exits. Dropping the runtime instead does not wait
+    /// (it cannot block inside an async context).
+    pub async fn stop(mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            // A blocking-pool thread may block; a runtime worker may not.
+            let _ = tokio::task::spawn_blocking(move || runtime.shutdown_timeout(STOP_TIMEOUT)).await;
+        }
+    }
 }
+
+/// How long [`SideRuntime::stop`] waits for a runtime's blocking work.
+const STOP_TIMEOUT: Duration = Duration::from_secs(5);
 
 impl Drop for SideRuntime {
     fn drop(&mut self) {

@@ -124,8 +124,27 @@ pub struct Store {
     db: Arc<DB>,
     path: PathBuf,
     writer: mpsc::Sender<WriteRequest>,
+    /// The writer thread, joined when the store is dropped (see `Drop`).
+    writer_thread: Option<std::thread::JoinHandle<()>>,
     stats: Arc<StoreStats>,
     failed: Arc<AtomicBool>,
+}
+
+impl Drop for Store {
+    /// Stops the writer thread and waits for it, so that the database is
+    /// closed here rather than by a detached thread racing the process's
+    /// exit: a RocksDB close that runs while `exit` destroys RocksDB's
+    /// static state aborts the process ("pthread lock: Invalid argument",
+    /// 4 SIGTERMs in 15 under load; the core showed the writer thread
+    /// closing the DB).
+    fn drop(&mut self) {
+        // The store holds the only sender: dropping it ends the writer's loop.
+        let (closed, _) = mpsc::channel(1);
+        drop(std::mem::replace(&mut self.writer, closed));
+        if let Some(thread) = self.writer_thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 impl std::fmt::Debug for Store {
@@ -163,15 +182,22 @@ impl Store {
         let (tx, rx) = mpsc::channel(WRITE_QUEUE_DEPTH);
         let stats = Arc::new(StoreStats::default());
         let failed = Arc::new(AtomicBool::new(false));
-        {
+        let writer_thread = {
             let db = db.clone();
             let stats = stats.clone();
             let failed = failed.clone();
             std::thread::Builder::new()
                 .name("tocsin-writer".into())
-                .spawn(move || writer_loop(&db, rx, &stats, &failed))?;
-        }
-        Ok(Arc::new(Store { db, path: config.path.clone(), writer: tx, stats, failed }))
+                .spawn(move || writer_loop(&db, rx, &stats, &failed))?
+        };
+        Ok(Arc::new(Store {
+            db,
+            path: config.path.clone(),
+            writer: tx,
+            writer_thread: Some(writer_thread),
+            stats,
+            failed,
+        }))
     }
 
     pub fn db(&self) -> &Arc<DB> {
