@@ -302,18 +302,26 @@ async fn every_rule_answers_the_right_code() {
         let v: serde_json::Value = resp.json().await.unwrap();
         assert_eq!(v["error"]["field"], field, "{query}: {v}");
     }
+    let well_formed =
+        pb::DeliveryRef { namespace: "orders".into(), id: "c-0".into(), fire_id: String::new(), attempt: 1 };
     let err = grpc
         .ack(pb::AckRequest {
-            deliveries: vec![pb::DeliveryRef {
-                namespace: "orders".into(),
-                id: "c-1".into(),
-                fire_id: "xyz".into(),
-                attempt: 1,
-            }],
+            deliveries: vec![
+                pb::DeliveryRef { fire_id: "nope".into(), ..well_formed.clone() },
+                pb::DeliveryRef { id: "c-1".into(), fire_id: "xyz".into(), ..well_formed.clone() },
+            ],
         })
         .await
         .unwrap_err();
     assert_eq!((err.code(), info(&err).field.as_str()), (tonic::Code::InvalidArgument, "deliveries.fire_id"));
+    assert!(err.message().contains("deliveries[0]") && err.message().contains("nothing"), "{}", err.message());
+    let err = grpc
+        .ack(pb::AckRequest { deliveries: vec![pb::DeliveryRef { namespace: "bad ns!".into(), ..well_formed }] })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(info(&err).field.starts_with("deliveries."), "{:?}", info(&err).field);
+    assert!(err.message().contains("deliveries[0]"), "{}", err.message());
 
     // Phase: unknown routes answer JSON 404s; the process is still healthy.
     assert_eq!(http.get(format!("{base}/v2/whatever")).send().await.unwrap().status().as_u16(), 404);

@@ -92,12 +92,21 @@ impl TimerApi {
         let cluster_id = self.node.map.cluster_id_cell();
         let mut by_shard: BTreeMap<u32, Vec<(usize, pb::DeliveryRef, TimerKey, u64)>> = BTreeMap::new();
         for (i, r) in refs.into_iter().enumerate() {
+            // One bad reference refuses the whole call before anything is
+            // settled, and says which one: the consumer fixes or drops it and
+            // sends the rest again, knowing none of them took effect.
             let key = TimerKey::new(r.namespace.clone(), r.id.clone());
-            validate::check_key(&key).map_err(NodeError::from)?;
+            validate::check_key(&key).map_err(|e| match NodeError::from(e) {
+                NodeError::InvalidArgument { field, message } => NodeError::InvalidArgument {
+                    field: format!("deliveries.{field}"),
+                    message: format!("deliveries[{i}]: {message}; nothing in this call was settled"),
+                },
+                other => other,
+            })?;
             let Some((cluster, shard, index)) = tocsin_core::timer::parse_fire_id(&r.fire_id) else {
-                return Err(
-                    NodeError::invalid("deliveries.fire_id", format!("{:?} is not a fire id", r.fire_id)).into()
-                );
+                let message =
+                    format!("deliveries[{i}]: {:?} is not a fire id; nothing in this call was settled", r.fire_id);
+                return Err(NodeError::invalid("deliveries.fire_id", message).into());
             };
             if cluster_id.get().map(String::as_str) != Some(cluster) {
                 continue; // NOT_FOUND: another cluster's (an old one's) firing
