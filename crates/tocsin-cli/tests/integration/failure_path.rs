@@ -96,6 +96,16 @@ fn timer(ns: &str, id: &str, delay_ms: u64, url: &str) -> pb::CreateTimerRequest
     r
 }
 
+/// Whether every one of `ids` in `ns` is DELIVERED.
+async fn all_delivered(client: &Client, ns: &str, ids: &[String]) -> bool {
+    for id in ids {
+        if state_of(client, ns, id).await != pb::timer::State::Delivered as i32 {
+            return false;
+        }
+    }
+    true
+}
+
 async fn state_of(client: &Client, ns: &str, id: &str) -> i32 {
     client.get_timer(ns, id).await.unwrap().state
 }
@@ -134,12 +144,7 @@ async fn receivers_that_fail_throttle_hang_and_go_away() {
     client.create_timer(timer("slow", "during-pause", 0, &throttling.url)).await.unwrap();
     let ids: Vec<String> = (0..5).map(|i| format!("t-{i}")).chain(["during-pause".to_string()]).collect();
     wait_for("every throttled timer delivered", Duration::from_secs(20), async || {
-        for id in &ids {
-            if state_of(&client, "slow", id).await != delivered {
-                return false;
-            }
-        }
-        true
+        all_delivered(&client, "slow", &ids).await
     })
     .await;
     for id in &ids {
@@ -368,17 +373,9 @@ async fn waiting_deliveries_are_bounded_in_bytes() {
     assert!(slow.requests() <= 2, "{} requests while one at a time takes 1.5 s", slow.requests());
     // Phase: the endpoint keeps up again and every timer is delivered.
     slow.set(OK);
-    let delivered = pb::timer::State::Delivered as i32;
-    wait_for("every timer delivered", Duration::from_secs(30), async || {
-        for id in &ids {
-            if state_of(&client, "bounded", id).await != delivered {
-                return false;
-            }
-        }
-        true
-    })
-    .await;
+    wait_for("every timer delivered", Duration::from_secs(30), async || all_delivered(&client, "bounded", &ids).await)
+        .await;
     for id in &ids {
-        assert_eq!(slow.of(id).len().min(1), 1, "{id} reached the endpoint");
+        assert!(!slow.of(id).is_empty(), "{id} never reached the endpoint");
     }
 }
