@@ -220,7 +220,18 @@ impl LinkClient {
         let conn = self.conn()?;
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (done, rx) = oneshot::channel();
-        conn.waiting.lock().expect("link lock").insert(id, Waiting { done, sent: Instant::now(), sent_wall_ms, kind });
+        {
+            // Checked under the lock `close` clears the map under: a
+            // connection that closed between `conn()` and here (connect,
+            // refusal and close can all happen while this thread is
+            // descheduled) has no one left to answer or to drop the entry,
+            // so the call would wait out all of `wait`.
+            let mut waiting = conn.waiting.lock().expect("link lock");
+            if conn.closed.load(Ordering::SeqCst) {
+                return Err(LinkError::Unreachable { target: self.target, reason: "connection closed".into() });
+            }
+            waiting.insert(id, Waiting { done, sent: Instant::now(), sent_wall_ms, kind });
+        }
         let request = pb::RaftLinkRequest {
             id,
             kind: kind as i32,
