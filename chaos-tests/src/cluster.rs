@@ -516,6 +516,53 @@ pub async fn wait_all_led(seeds: &[String], shards: u32, timeout: Duration) -> O
     None
 }
 
+/// Waits until every shard is led by the node the balancer prefers for it
+/// (`control/balance.rs`: `spread_leaders` over the map's targets, every
+/// node active), so that a scenario's load starts on a settled cluster
+/// rather than one still moving leaderships; returns how long that took,
+/// or `None` (and says which shards were off) after `timeout`.
+pub async fn wait_balanced(seeds: &[String], shards: u32, timeout: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    let mut off: Vec<String> = Vec::new();
+    while started.elapsed() < timeout {
+        // shard -> (leader, target) as the nodes hosting it report them.
+        let mut seen: Vec<Option<(u64, Vec<u64>)>> = vec![None; shards as usize];
+        let mut answered = true;
+        for seed in seeds {
+            let Some(info) = node_info(seed, false).await else {
+                answered = false;
+                continue;
+            };
+            for s in info.shards {
+                if let Some(slot) = seen.get_mut(s.shard as usize)
+                    && s.leader != 0
+                {
+                    let target = if s.target.is_empty() { s.replicas.clone() } else { s.target.clone() };
+                    *slot = Some((s.leader, target));
+                }
+            }
+        }
+        if answered && seen.iter().all(Option::is_some) {
+            let placements: Vec<Vec<u64>> = seen.iter().flatten().map(|(_, t)| t.clone()).collect();
+            let preferred = tocsin_core::routing::spread_leaders(&placements);
+            off = seen
+                .iter()
+                .flatten()
+                .zip(&preferred)
+                .enumerate()
+                .filter(|(_, ((leader, _), want))| Some(*leader) != **want)
+                .map(|(shard, ((leader, _), want))| format!("shard {shard} led by {leader}, not {want:?}"))
+                .collect();
+            if off.is_empty() {
+                return Some(started.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!("    (leaderships not spread after {} ms: [{}])", timeout.as_millis(), off.join("; "));
+    None
+}
+
 /// The node that leads `shard` now, as a node hosting it reports.
 pub async fn leader_of(seeds: &[String], shard: u32) -> Option<u64> {
     for seed in seeds {

@@ -152,6 +152,10 @@ pub struct Run {
     /// The fault's phases as (start ms, label), in time order: the runner
     /// prints the fault window's lateness per label (timers by due time).
     pub phases: Vec<(u64, String)>,
+    /// Whether the load waits for the balancer to spread leaderships
+    /// first: not when a node starts unfit to lead (a skewed clock), which
+    /// keeps the balancer from ever reaching its preferred spread.
+    pub wait_balanced: bool,
 }
 
 impl Run {
@@ -225,6 +229,7 @@ pub async fn execute(
         watch: None,
         notes: BTreeMap::new(),
         phases: Vec::new(),
+        wait_balanced: setup.nodes.initial_clock_offsets_ms.is_empty(),
     };
     let result = drive(scenario, &mut run).await;
     if result.is_err() {
@@ -326,6 +331,19 @@ async fn wait_started(run: &mut Run) -> anyhow::Result<()> {
             }
         }
         if cluster::wait_all_led(&run.seeds, run.args.shards, Duration::from_secs(1)).await.is_some() {
+            if !run.wait_balanced {
+                return Ok(());
+            }
+            // A fresh cluster's first node up wins most elections, and the
+            // balancer then hands leaderships over a few per second (a
+            // handover delays the moving shard's fires by the new leader's
+            // election and wheel rebuild). The load starts once that is
+            // done: the baseline measures a settled cluster, and a
+            // scenario's fault is the only thing moving its shards.
+            match cluster::wait_balanced(&run.seeds, run.args.shards, Duration::from_secs(30)).await {
+                Some(took) => println!("    leaderships spread {} ms after every shard was led", took.as_millis()),
+                None => println!("    starting the load with leaderships not yet spread"),
+            }
             return Ok(());
         }
     }
