@@ -95,18 +95,17 @@ impl TimerApi {
             // One bad reference refuses the whole call before anything is
             // settled, and says which one: the consumer fixes or drops it and
             // sends the rest again, knowing none of them took effect.
+            let refused = |field: &str, message: &str| {
+                let message = format!("deliveries[{i}]: {message}; nothing in this call was settled");
+                NodeError::invalid(&format!("deliveries.{field}"), message)
+            };
             let key = TimerKey::new(r.namespace.clone(), r.id.clone());
             validate::check_key(&key).map_err(|e| match NodeError::from(e) {
-                NodeError::InvalidArgument { field, message } => NodeError::InvalidArgument {
-                    field: format!("deliveries.{field}"),
-                    message: format!("deliveries[{i}]: {message}; nothing in this call was settled"),
-                },
+                NodeError::InvalidArgument { field, message } => refused(&field, &message),
                 other => other,
             })?;
             let Some((cluster, shard, index)) = tocsin_core::timer::parse_fire_id(&r.fire_id) else {
-                let message =
-                    format!("deliveries[{i}]: {:?} is not a fire id; nothing in this call was settled", r.fire_id);
-                return Err(NodeError::invalid("deliveries.fire_id", message).into());
+                return Err(refused("fire_id", &format!("{:?} is not a fire id", r.fire_id)).into());
             };
             if cluster_id.get().map(String::as_str) != Some(cluster) {
                 continue; // NOT_FOUND: another cluster's (an old one's) firing
