@@ -127,16 +127,18 @@ pub enum LogFormat {
 /// Raft timings. A follower campaigns after `election_timeout_max_ms`
 /// (openraft's leader lease, during which it grants no vote) plus a fresh
 /// draw from [min, max] of silence, so a killed leader is replaced about
-/// max + a draw after its last heartbeat; the min is also the leader's
-/// dispatch lease (`ShardCtx::may_dispatch`).
+/// max + a draw after its last heartbeat. The max is also the leader's
+/// dispatch lease (`ShardCtx::may_dispatch`): openraft's own lease rule.
 ///
-/// The defaults (50 / 150–300 ms) replace a killed leader in 460–530 ms.
-/// 40 / 90–120 ms does it in 176–338 ms, but on a CPU-saturated host it
-/// misses heartbeats and leases: offered 10,000 timers/s, three nodes on
-/// two cores held 200–400 elections per node and delivered 4,000–7,000
-/// duplicates, against none and 38–93 with the defaults (BENCHMARKS.md,
-/// "Raft timings under overload"). Shorter timings are a choice for hosts
-/// that keep CPU to spare.
+/// The defaults (40 / 100–130 ms) replace a killed leader in 230–290 ms
+/// (the chaos `kill-leader` row). They hold on a CPU-saturated host because
+/// the Raft threads run at a raised priority (`thread_nice`): offered
+/// 10,000 timers/s, three nodes on two cores then held no election and
+/// delivered 47–67 duplicates; with the Raft threads at the process's
+/// priority the same timings gave 200–500 elections per node and 18,248
+/// duplicates (BENCHMARKS.md, "Raft threads first"). A node that cannot
+/// raise the priority (no `CAP_SYS_NICE`) on a host that runs out of CPU
+/// is safer with 50 / 150–300 ms, at 450–600 ms per failover.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RaftTuning {
@@ -156,17 +158,28 @@ pub struct RaftTuning {
     pub keep_entries_after_snapshot: u64,
     /// Deadline of every Raft RPC except snapshot transfer.
     pub rpc_timeout_ms: u64,
+    /// The nice value of the Raft runtime's threads (openraft's cores,
+    /// heartbeats, appends, votes): −20 to 0, 0 leaves them at the
+    /// process's. Below 0 they run ahead of request and delivery work when
+    /// the CPU is saturated, so heartbeats stay on time and leaders stay
+    /// put (`runtime::raise_priority`). Needs `CAP_SYS_NICE` (the compose
+    /// file and the Kubernetes manifests add it) or `LimitNICE=` under
+    /// systemd; without either the node logs a warning at start and runs
+    /// them at the process's priority. `tocsin_raft_thread_nice` shows
+    /// which.
+    pub thread_nice: i32,
 }
 
 impl Default for RaftTuning {
     fn default() -> Self {
         RaftTuning {
-            heartbeat_ms: 50,
-            election_timeout_min_ms: 150,
-            election_timeout_max_ms: 300,
+            heartbeat_ms: 40,
+            election_timeout_min_ms: 100,
+            election_timeout_max_ms: 130,
             snapshot_every_entries: 20_000,
             keep_entries_after_snapshot: 5_000,
             rpc_timeout_ms: 1_000,
+            thread_nice: -10,
         }
     }
 }
@@ -653,6 +666,9 @@ impl NodeConfig {
         if self.raft.heartbeat_ms * 2 >= self.raft.election_timeout_min_ms {
             return invalid("raft.heartbeat_ms", "must be under half of raft.election_timeout_min_ms");
         }
+        if !(-20..=0).contains(&self.raft.thread_nice) {
+            return invalid("raft.thread_nice", "must be between -20 and 0");
+        }
         if self.raft.election_timeout_min_ms >= self.raft.election_timeout_max_ms {
             return invalid("raft.election_timeout_min_ms", "must be below raft.election_timeout_max_ms");
         }
@@ -954,6 +970,11 @@ mod tests {
     fn bad_settings_name_the_field() {
         let err = NodeConfig::load(None, [("TOCSIN_NUM_SHARDS".to_string(), "0".to_string())]).unwrap_err();
         assert!(err.to_string().starts_with("num_shards:"), "{err}");
+        // A nice value that would lower the Raft threads below the rest.
+        let err = NodeConfig::load(None, [("TOCSIN_RAFT__THREAD_NICE".to_string(), "5".to_string())]).unwrap_err();
+        assert!(err.to_string().starts_with("raft.thread_nice:"), "{err}");
+        let c = NodeConfig::load(None, [("TOCSIN_RAFT__THREAD_NICE".to_string(), "0".to_string())]).unwrap();
+        assert_eq!(c.raft.thread_nice, 0);
     }
 
     #[test]

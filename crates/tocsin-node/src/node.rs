@@ -88,7 +88,7 @@ impl Node {
         let store = Store::open(&StoreConfig::new(&config.data_dir))
             .map_err(|source| StartError::Store { path: config.data_dir.display().to_string(), source })?;
         let placement = Placement::of(&config, &store)?;
-        let raft_runtime = SideRuntime::start_raft().map_err(StartError::Runtime)?;
+        let raft_runtime = SideRuntime::start_raft(config.raft.thread_nice).map_err(StartError::Runtime)?;
         let fire_runtime = SideRuntime::start_fire().map_err(StartError::Runtime)?;
         let state = shared_state(&config, store.clone(), metrics, &placement, &raft_runtime, &fire_runtime)?;
         if placement.host_meta {

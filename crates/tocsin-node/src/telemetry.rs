@@ -234,6 +234,12 @@ pub const METRICS: &[(&str, Kind, Unit, &str)] = &[
         "How late the Raft runtime runs a timer-woken task (moving average)",
     ),
     (
+        "tocsin_raft_thread_nice",
+        Kind::Gauge,
+        Unit::Count,
+        "The nice value the Raft runtime's threads run at (raft.thread_nice); 0 when the node could not raise them",
+    ),
+    (
         "tocsin_fire_scheduling_lag_seconds",
         Kind::Gauge,
         Unit::Seconds,

@@ -52,10 +52,12 @@ use crate::world::Shared;
 
 /// A webhook attempt's time, stamped into each `Fire`.
 pub const WEBHOOK_TIMEOUT_MS: u64 = 2_000;
-/// openraft's leader lease: the minimum election timeout.
-pub const LEASE_MS: u64 = 150;
 const HEARTBEAT_MS: u64 = 50;
+const ELECTION_MIN_MS: u64 = 150;
 const ELECTION_MAX_MS: u64 = 300;
+/// openraft's leader lease, as the node's (`ShardCtx::lease_valid`): the
+/// maximum election timeout from an acknowledged heartbeat's send.
+pub const LEASE_MS: u64 = ELECTION_MAX_MS;
 /// As `proposer.rs`: a leader without a quorum for this long refuses work.
 const QUORUM_LOST_MS: u64 = 1_000;
 /// As `webhook.rs`.
@@ -103,7 +105,7 @@ pub fn raft_config() -> Arc<openraft::Config> {
     let config = openraft::Config {
         cluster_name: "tocsin-sim".into(),
         heartbeat_interval: HEARTBEAT_MS,
-        election_timeout_min: LEASE_MS,
+        election_timeout_min: ELECTION_MIN_MS,
         election_timeout_max: ELECTION_MAX_MS,
         install_snapshot_timeout: 5_000,
         snapshot_policy: openraft::SnapshotPolicy::LogsSinceLast(300),

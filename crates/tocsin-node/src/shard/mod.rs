@@ -88,8 +88,12 @@ pub struct ShardCtx {
     /// `tocsin admin status`.
     lateness_ms: std::sync::Mutex<std::collections::VecDeque<u64>>,
     /// How long a quorum acknowledgement keeps the lease: openraft's own
-    /// leader lease, the minimum election timeout (no follower elects before
-    /// it runs out).
+    /// leader lease, the *maximum* election timeout, counted from when the
+    /// acknowledged heartbeat was sent. A follower that took that heartbeat
+    /// grants no vote for that long after it arrived (openraft's
+    /// `Engine::timer_config.leader_lease`, the rule its `ensure_linearizable`
+    /// reads by), and every quorum that could elect a successor holds such a
+    /// follower, so no other leader exists before it runs out.
     lease: Duration,
     cluster_id: Arc<std::sync::OnceLock<String>>,
 }
@@ -104,7 +108,7 @@ impl ShardCtx {
         env: ShardEnv,
     ) -> ShardCtx {
         let ShardEnv { store, config, clock, cluster_id } = env;
-        let lease = Duration::from_millis(config.raft.election_timeout_min_ms);
+        let lease = Duration::from_millis(config.raft.election_timeout_max_ms);
         ShardCtx {
             shard,
             group: u64::from(shard),

@@ -83,7 +83,7 @@ pub fn metadata_config(tuning: &RaftTuning) -> Arc<openraft::Config> {
 /// Keeps openraft's ticks off while this node leads a group that has no
 /// other member, for the group's life (spawned with every group).
 ///
-/// openraft ticks every group every `heartbeat_ms * 13 / 64` (10 ms by
+/// openraft ticks every group every `heartbeat_ms * 13 / 64` (8 ms by
 /// default) to time elections and heartbeats. The leader of a group with no
 /// other member has neither to do, and those ticks were most of an idle
 /// one-node cluster's CPU (3.6% of a core for 16 shards). Any other member
