@@ -166,11 +166,10 @@ pub fn raise_priority(nice: i32) -> Result<(), std::io::Error> {
 /// Says once whether the Raft runtime's threads got their priority, and
 /// exports the nice value they run at (`tocsin_raft_thread_nice`).
 fn report_priority(nice: i32, raised: Result<(), std::io::Error>) {
-    let gauge = "tocsin_raft_thread_nice";
     match raised {
         Ok(()) => {
             tracing::info!(nice, "the Raft runtime's threads run at a raised priority");
-            metrics::gauge!(gauge).set(f64::from(nice));
+            metrics::gauge!("tocsin_raft_thread_nice").set(f64::from(nice));
         }
         Err(error) => {
             tracing::warn!(
@@ -179,7 +178,7 @@ fn report_priority(nice: i32, raised: Result<(), std::io::Error>) {
                 "could not raise the Raft runtime's threads' priority (needs CAP_SYS_NICE or RLIMIT_NICE); \
                  on a CPU-saturated host their heartbeats may be late and leaders change"
             );
-            metrics::gauge!(gauge).set(0.0);
+            metrics::gauge!("tocsin_raft_thread_nice").set(0.0);
         }
     }
 }

@@ -142,7 +142,7 @@ pub const METRICS: &[(&str, Kind, Unit, &str)] = &[
         "tocsin_attempts_abandoned_total",
         Kind::Counter,
         Unit::Count,
-        "Attempts left to their deadline before sending, by sink and reason",
+        "Attempts left to their deadline before sending, by sink and reason (leadership, lease, deadline)",
     ),
     (
         "tocsin_attempt_outcome_retries_total",

@@ -362,9 +362,10 @@ impl Node {
     async fn deliver_webhook(self: Arc<Self>, epoch: u64, key: TimerKey, record: TimerRecord) {
         let Some(fire) = record.fire.clone() else { return };
         let FirePhase::InFlight { until_ms, .. } = fire.phase else { return };
-        let gate_deadline = tokio::time::Instant::now() + Duration::from_millis(ELECTION_MAX_MS * 4);
+        // As `attempt::gate`: hold back while the lease is out, as long as
+        // the attempt has time left to send and record.
         while !self.may_dispatch(epoch) {
-            if self.epoch() != Some(epoch) || tokio::time::Instant::now() > gate_deadline {
+            if self.epoch() != Some(epoch) || self.now_ms() + RECORD_MARGIN_MS + MIN_REQUEST_MS > until_ms {
                 return;
             }
             tokio::time::sleep(Duration::from_millis(10)).await;

@@ -29,21 +29,34 @@ const MIN_SEND_MS: u64 = 50;
 /// first leader and the first map). Returns the time the send may take
 /// (what is left of the attempt, less the time to record it), or `None`
 /// when the attempt is to be left to its deadline. `sink` labels the
-/// abandoned-attempt counter.
+/// abandoned-attempt counter: `leadership` (another epoch leads now),
+/// `lease` (the lease did not come back in time), `deadline` (too little
+/// of the attempt was left to send it).
+///
+/// The gate waits as long as the attempt has: giving up sooner gains
+/// nothing, since the next attempt starts only at the attempt's deadline in
+/// replicated state either way. A fixed wait of four election timeouts
+/// (520 ms with 40 / 100–130 ms timings) gave up on 535–1,016 attempts per
+/// run on the node taking the load in the three-node overload runs, each
+/// then 10 s late, while the lease lapsed for moments under saturation
+/// (BENCHMARKS.md, "Raft threads first").
 pub async fn gate(ctx: &ShardCtx, epoch: u64, until_ms: u64, sink: &'static str) -> Option<u64> {
-    let gate_deadline =
-        tokio::time::Instant::now() + Duration::from_millis(ctx.config.raft.election_timeout_max_ms * 4);
+    let abandon = |reason: &'static str| {
+        metrics::counter!("tocsin_attempts_abandoned_total", "sink" => sink, "reason" => reason).increment(1);
+        None
+    };
     while !ctx.may_dispatch(epoch) || ctx.cluster_id().is_none() {
-        if ctx.epoch() != Some(epoch) || tokio::time::Instant::now() > gate_deadline {
-            metrics::counter!("tocsin_attempts_abandoned_total", "sink" => sink, "reason" => "lease").increment(1);
-            return None;
+        if ctx.epoch() != Some(epoch) {
+            return abandon("leadership");
+        }
+        if ctx.clock.now_ms() + RECORD_MARGIN_MS + MIN_SEND_MS > until_ms {
+            return abandon("lease");
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let left_ms = until_ms.saturating_sub(ctx.clock.now_ms()).saturating_sub(RECORD_MARGIN_MS);
     if left_ms < MIN_SEND_MS {
-        metrics::counter!("tocsin_attempts_abandoned_total", "sink" => sink, "reason" => "deadline").increment(1);
-        return None;
+        return abandon("deadline");
     }
     Some(left_ms)
 }

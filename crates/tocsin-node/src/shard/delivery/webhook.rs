@@ -446,10 +446,11 @@ impl WebhookSender {
         let fire_id = body.fire_id.clone();
         let body = serde_json::to_vec(&body).expect("delivery serializes");
         let timestamp_s = ctx.clock.now_ms() / 1000;
+        let budget_ms = left_ms.min(self.config.webhook_timeout_ms);
         let mut request = self
             .client
             .post(url)
-            .timeout(Duration::from_millis(left_ms.min(self.config.webhook_timeout_ms)))
+            .timeout(Duration::from_millis(budget_ms))
             .header("content-type", "application/json")
             .header(headers::WEBHOOK_ID, &fire_id)
             .header(headers::WEBHOOK_TIMESTAMP, timestamp_s.to_string());
@@ -486,7 +487,17 @@ impl WebhookSender {
             }
             Err(e) => {
                 let (class, error) = error_class(&e);
-                if class != "egress_refused" {
+                // A timeout counts against the endpoint only when the request
+                // had most of the endpoint's timeout (a fresh attempt has all
+                // of it but the record margin and the `Fire`'s commit). One
+                // cut to under half because the attempt spent its time
+                // waiting here for a slot says more of this node's backlog
+                // than of the endpoint: counted, it opened the breaker of a
+                // receiver that was only slow, and the held attempts became
+                // paced retries, tens of seconds late (BENCHMARKS.md, "Raft
+                // threads first").
+                let cut_short = class == "timeout" && budget_ms < self.config.webhook_timeout_ms / 2;
+                if class != "egress_refused" && !cut_short {
                     slot.observe(&self.breaker, ctx.clock.now_ms(), Observed::Failure);
                 }
                 metrics::counter!("tocsin_webhook_responses_total", "class" => class).increment(1);
