@@ -24,7 +24,9 @@
 //!   endpoint (`tocsin_core::breaker`) stops sending to one that failed five
 //!   times in a row: its attempts fail at once (class `circuit_open`, retry
 //!   no sooner than the breaker's next probe) instead of holding connection
-//!   slots for a timeout each.
+//!   slots for a timeout each. A timeout counts as a failure only when the
+//!   request had at least half the endpoint's timeout: one cut short by the
+//!   wait for a slot here is this node's backlog, not the endpoint's fault.
 //! - **Every attempt has a deadline in replicated state** (`until_ms` of
 //!   its `InFlight` phase, where the timer is indexed). The request must be
 //!   sent and answered before it, with time left to record the outcome; an
