@@ -190,14 +190,17 @@ impl ShardCtx {
     /// openraft's view: leader, and a quorum acknowledged it within the
     /// lease (always true for a one-voter group).
     pub fn lease_valid(&self) -> bool {
-        let metrics = self.raft.metrics().borrow_watched().clone();
+        // Read in place: this runs before every send, and a clone copies
+        // the whole membership.
+        let watch = self.raft.metrics();
+        let metrics = watch.borrow_watched();
         if metrics.state != ServerState::Leader || metrics.current_leader != Some(self.node_id) {
             return false;
         }
-        if metrics.membership_config.membership().voter_ids().count() <= 1 {
+        if metrics.membership_config.membership().voter_ids().nth(1).is_none() {
             return true;
         }
-        metrics.last_quorum_acked.is_some_and(|acked| acked.elapsed() < self.lease)
+        metrics.last_quorum_acked.as_ref().is_some_and(|acked| acked.elapsed() < self.lease)
     }
 
     /// The current leader, as this node knows it.

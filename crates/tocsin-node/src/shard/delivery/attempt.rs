@@ -45,20 +45,20 @@ pub async fn gate(ctx: &ShardCtx, epoch: u64, until_ms: u64, sink: &'static str)
         metrics::counter!("tocsin_attempts_abandoned_total", "sink" => sink, "reason" => reason).increment(1);
         None
     };
-    while !ctx.may_dispatch(epoch) || ctx.cluster_id().is_none() {
+    loop {
         if ctx.epoch() != Some(epoch) {
             return abandon("leadership");
         }
-        if ctx.clock.now_ms() + RECORD_MARGIN_MS + MIN_SEND_MS > until_ms {
-            return abandon("lease");
+        let ready = ctx.may_dispatch(epoch) && ctx.cluster_id().is_some();
+        let left_ms = until_ms.saturating_sub(ctx.clock.now_ms()).saturating_sub(RECORD_MARGIN_MS);
+        if left_ms < MIN_SEND_MS {
+            return abandon(if ready { "deadline" } else { "lease" });
+        }
+        if ready {
+            return Some(left_ms);
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    let left_ms = until_ms.saturating_sub(ctx.clock.now_ms()).saturating_sub(RECORD_MARGIN_MS);
-    if left_ms < MIN_SEND_MS {
-        return abandon("deadline");
-    }
-    Some(left_ms)
 }
 
 /// Counts a delivery's latency (fire time to acknowledgement) in its

@@ -403,6 +403,12 @@ impl WebhookSender {
                 return Some((outcome, AttemptReport::new(0, why.class(), 0)));
             }
         };
+        // The lease gate before taking a place in the queue, so that an
+        // attempt waiting for its leader's lease (which may take until the
+        // attempt's deadline) holds no connection slot other shards' timers
+        // to this endpoint could use; it is checked again right before the
+        // send, below.
+        attempt::gate(ctx, epoch, until_ms, "webhook").await?;
         // What a waiting attempt holds: its record (the payload most of it).
         let cost_bytes = record.payload.len() + QUEUED_OVERHEAD_BYTES;
         let over_bytes =
