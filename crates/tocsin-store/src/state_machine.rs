@@ -224,6 +224,7 @@ impl StateMachine {
             horizon: BTreeMap::new(),
             changes: Vec::new(),
         };
+        overlay.prefetch(entries)?;
         let mut changes = Vec::with_capacity(entries.len());
         let first_index = entries.first().map_or(0, |e| e.log_id().index());
         let applied = apply_entries(entries, |index, proposal| {
@@ -315,6 +316,10 @@ fn apply_entries(
     Ok(applied)
 }
 
+/// The most timers an apply's overlay reserves room for up front (a batch
+/// of entries can carry more commands; the map then grows as usual).
+const MAX_OVERLAY_CAPACITY: usize = 65_536;
+
 /// The rules' view of the group's timers: reads fall through to RocksDB,
 /// writes go to the batch and are remembered for later reads in the batch.
 struct Overlay<'a> {
@@ -330,6 +335,41 @@ struct Overlay<'a> {
 }
 
 impl Overlay<'_> {
+    /// Reads the record of every timer a command of `entries` names, in one
+    /// batched lookup, into the cache the rules read through. Point lookups
+    /// one command at a time were a fifth of a node's CPU in a burst's drain
+    /// (a `Fire`, a `Reserve` and an `AttemptResult` each read their
+    /// timer); RocksDB's MultiGet over sorted keys takes the column family's
+    /// version once and visits each table's filter and index once per
+    /// batch. The cache is also sized for every timer up front, so it never
+    /// rehashes while the batch applies (that moved every cached record:
+    /// another twentieth of the drain's CPU). Apply is the only writer of a
+    /// group's timers, so what this reads is what each first `get` would.
+    fn prefetch(&mut self, entries: &[Entry]) -> io::Result<()> {
+        let mut wanted: Vec<(Vec<u8>, &TimerKey)> = entries
+            .iter()
+            .filter_map(|e| match &e.payload {
+                EntryPayload::Normal(proposal) => Some(proposal.commands.iter().filter_map(|c| c.key())),
+                _ => None,
+            })
+            .flatten()
+            .map(|key| (keys::timer_key(self.group, key), key))
+            .collect();
+        wanted.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        wanted.dedup_by(|a, b| a.0 == b.0);
+        self.cache.reserve(wanted.len().min(MAX_OVERLAY_CAPACITY));
+        let cf = self.store.cf(keys::CF_TIMERS);
+        let found = self.store.db().batched_multi_get_cf(cf, wanted.iter().map(|(k, _)| k), true);
+        for ((_, key), record) in wanted.iter().zip(found) {
+            let record = match record.map_err(to_io)? {
+                Some(bytes) => Some(codec::decode::<TimerRecord>(&bytes)?),
+                None => None,
+            };
+            self.cache.insert((*key).clone(), record);
+        }
+        Ok(())
+    }
+
     fn flush_horizon(&mut self) -> io::Result<()> {
         let cf = self.store.cf(keys::CF_HORIZON);
         for ((namespace, minute), delta) in std::mem::take(&mut self.horizon) {
@@ -373,7 +413,7 @@ impl TimerTable for Overlay<'_> {
             return Ok(cached.clone());
         }
         let cf = self.store.cf(keys::CF_TIMERS);
-        let record = match self.store.db().get_cf(cf, keys::timer_key(self.group, key)).map_err(to_io)? {
+        let record = match self.store.db().get_pinned_cf(cf, keys::timer_key(self.group, key)).map_err(to_io)? {
             Some(bytes) => Some(codec::decode::<TimerRecord>(&bytes)?),
             None => None,
         };

@@ -495,17 +495,7 @@ impl WebhookSender {
             }
             Err(e) => {
                 let (class, error) = error_class(&e);
-                // A timeout counts against the endpoint only when the request
-                // had most of the endpoint's timeout (a fresh attempt has all
-                // of it but the record margin and the `Fire`'s commit). One
-                // cut to under half because the attempt spent its time
-                // waiting here for a slot says more of this node's backlog
-                // than of the endpoint: counted, it opened the breaker of a
-                // receiver that was only slow, and the held attempts became
-                // paced retries, tens of seconds late (BENCHMARKS.md, "Raft
-                // threads first").
-                let cut_short = class == "timeout" && budget_ms < self.config.webhook_timeout_ms / 2;
-                if class != "egress_refused" && !cut_short {
+                if failure_counts_against_breaker(class, budget_ms, self.config.webhook_timeout_ms) {
                     slot.observe(&self.breaker, ctx.clock.now_ms(), Observed::Failure);
                 }
                 metrics::counter!("tocsin_webhook_responses_total", "class" => class).increment(1);
@@ -515,6 +505,27 @@ impl WebhookSender {
                 (Outcome::Retry { error, retry_after_ms: None }, AttemptReport::new(0, history_class, latency_ms))
             }
         })
+    }
+}
+
+/// Whether a request that failed with `class` (from [`error_class`]) counts
+/// against its endpoint's circuit breaker, given the time it was allowed
+/// (`budget_ms`) and the endpoint's full timeout.
+///
+/// A refusal by the egress policy never reached the endpoint. A timeout
+/// counts only when the request had at least half the endpoint's timeout (a
+/// fresh attempt has all of it but the record margin and the `Fire`'s
+/// commit). One cut shorter because the attempt spent its time waiting here
+/// for a slot says more of this node's backlog than of the endpoint:
+/// counted, it opened the breaker of a receiver that was only slow, and the
+/// held attempts became paced retries, tens of seconds late (BENCHMARKS.md,
+/// "Raft threads first"). Every other failure (refused connection, reset,
+/// DNS) counts whatever the budget.
+fn failure_counts_against_breaker(class: &str, budget_ms: u64, webhook_timeout_ms: u64) -> bool {
+    match class {
+        "egress_refused" => false,
+        "timeout" => budget_ms >= webhook_timeout_ms / 2,
+        _ => true,
     }
 }
 
@@ -657,6 +668,26 @@ mod tests {
             ),
             "{chain:#?}"
         );
+    }
+
+    #[test]
+    fn only_a_timeout_with_most_of_the_endpoints_time_counts_against_its_breaker() {
+        let full_ms = 10_000;
+        // A fresh attempt: all of the timeout, or all but the record margin.
+        assert!(failure_counts_against_breaker("timeout", full_ms, full_ms));
+        assert!(failure_counts_against_breaker("timeout", full_ms - 300, full_ms));
+        // The boundary: half the timeout still counts, a millisecond less not.
+        assert!(failure_counts_against_breaker("timeout", full_ms / 2, full_ms));
+        assert!(!failure_counts_against_breaker("timeout", full_ms / 2 - 1, full_ms));
+        // Cut short by the wait for a connection slot: this node's backlog.
+        assert!(!failure_counts_against_breaker("timeout", 1_200, full_ms));
+        assert!(!failure_counts_against_breaker("timeout", 0, full_ms));
+        // Failures the endpoint caused count however little time was left.
+        for class in ["unreachable", "dns", "error"] {
+            assert!(failure_counts_against_breaker(class, 10, full_ms), "{class}");
+        }
+        // The egress policy's refusal never reached the endpoint.
+        assert!(!failure_counts_against_breaker("egress_refused", full_ms, full_ms));
     }
 
     #[test]
