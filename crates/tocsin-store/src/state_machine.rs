@@ -320,6 +320,11 @@ fn apply_entries(
 /// of entries can carry more commands; the map then grows as usual).
 const MAX_OVERLAY_CAPACITY: usize = 65_536;
 
+/// A timer's row as read from RocksDB, if there is one.
+fn decode_record(bytes: Option<&[u8]>) -> io::Result<Option<TimerRecord>> {
+    bytes.map(codec::decode::<TimerRecord>).transpose()
+}
+
 /// The rules' view of the group's timers: reads fall through to RocksDB,
 /// writes go to the batch and are remembered for later reads in the batch.
 struct Overlay<'a> {
@@ -361,10 +366,7 @@ impl Overlay<'_> {
         let cf = self.store.cf(keys::CF_TIMERS);
         let found = self.store.db().batched_multi_get_cf(cf, wanted.iter().map(|(k, _)| k), true);
         for ((_, key), record) in wanted.iter().zip(found) {
-            let record = match record.map_err(to_io)? {
-                Some(bytes) => Some(codec::decode::<TimerRecord>(&bytes)?),
-                None => None,
-            };
+            let record = decode_record(record.map_err(to_io)?.as_deref())?;
             self.cache.insert((*key).clone(), record);
         }
         Ok(())
@@ -413,10 +415,8 @@ impl TimerTable for Overlay<'_> {
             return Ok(cached.clone());
         }
         let cf = self.store.cf(keys::CF_TIMERS);
-        let record = match self.store.db().get_pinned_cf(cf, keys::timer_key(self.group, key)).map_err(to_io)? {
-            Some(bytes) => Some(codec::decode::<TimerRecord>(&bytes)?),
-            None => None,
-        };
+        let found = self.store.db().get_pinned_cf(cf, keys::timer_key(self.group, key)).map_err(to_io)?;
+        let record = decode_record(found.as_deref())?;
         self.cache.insert(key.clone(), record.clone());
         Ok(record)
     }
