@@ -129,6 +129,12 @@ pub const METRICS: &[(&str, Kind, Unit, &str)] = &[
         "Webhook attempts by how they ended (status class or failure)",
     ),
     ("tocsin_webhook_request_seconds", Kind::Histogram, Unit::Seconds, "Webhook request latency"),
+    (
+        "tocsin_webhook_slot_wait_seconds",
+        Kind::Histogram,
+        Unit::Seconds,
+        "How long a webhook attempt waited for a connection slot (delivery.per_endpoint_concurrency, delivery.max_in_flight)",
+    ),
     ("tocsin_webhook_disabled_urls", Kind::Gauge, Unit::Count, "Webhook URLs disabled after answering 410"),
     (
         "tocsin_webhook_urls_disabled_total",
