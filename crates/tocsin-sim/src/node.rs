@@ -220,7 +220,7 @@ impl Node {
     }
 
     async fn propose(&self, commands: Vec<Command>) -> Result<(u64, Vec<CommandResult>), ProposeError> {
-        let proposal = tocsin_core::Proposal { now_ms: self.stamp(), commands };
+        let proposal = tocsin_core::Proposal { now_ms: self.stamp(), commands: commands.into() };
         match tokio::time::timeout(PROPOSE_TIMEOUT, self.raft.client_write(proposal)).await {
             Ok(Ok(resp)) => Ok((resp.log_id.index(), resp.data.results)),
             Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {

@@ -54,7 +54,8 @@ fn entry(index: u64) -> Entry {
                 },
                 retention_ms: 604_800_000,
                 replace_finished: false,
-            }],
+            }]
+            .into(),
         }),
     }
 }

@@ -195,7 +195,7 @@ impl StateMachine {
                 .map(|((entry, response), changes)| AppliedEntry {
                     index: entry.log_id().index(),
                     commands: match &entry.payload {
-                        EntryPayload::Normal(proposal) => &proposal.commands,
+                        EntryPayload::Normal(proposal) => &proposal.commands[..],
                         _ => &[],
                     },
                     results: &response.results,

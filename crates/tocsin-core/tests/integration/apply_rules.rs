@@ -66,7 +66,7 @@ impl Shard {
 
     pub fn apply(&mut self, now_ms: u64, cmd: Command) -> CommandResult {
         self.index += 1;
-        let proposal = Proposal { now_ms, commands: vec![cmd] };
+        let proposal = Proposal { now_ms, commands: vec![cmd].into() };
         let mut results =
             apply_proposal(&mut self.table, &mut self.meta, self.index, &proposal).expect("no broken invariant");
         assert_eq!(results.len(), 1);
@@ -658,7 +658,7 @@ fn timers_fired_in_one_entry_get_distinct_fire_ids() {
     shard.apply(T0, create(&b, &spec(T0, webhook()), 3));
     let epoch = shard.elect(T0, 1);
     shard.index += 1;
-    let proposal = Proposal { now_ms: T0 + 1, commands: vec![fire(&a, T0, epoch), fire(&b, T0, epoch)] };
+    let proposal = Proposal { now_ms: T0 + 1, commands: vec![fire(&a, T0, epoch), fire(&b, T0, epoch)].into() };
     let results =
         tocsin_core::apply::apply_proposal(&mut shard.table, &mut shard.meta, shard.index, &proposal).unwrap();
     let ids: Vec<u64> = results

@@ -344,7 +344,7 @@ async fn run(raft: Raft, clock: Arc<Clock>, mut rx: mpsc::Receiver<Pending>, tim
         tokio::spawn(async move {
             let (commands, waiters): (Vec<Command>, Vec<oneshot::Sender<Applied>>) =
                 batch.into_iter().map(|p| (p.command, p.done)).unzip();
-            let proposal = Proposal { now_ms, commands };
+            let proposal = Proposal { now_ms, commands: commands.into() };
             let writing = std::time::Instant::now();
             let result = tokio::time::timeout(timeout, raft.client_write(proposal)).await;
             // Append, replicate to a quorum, commit and apply.

@@ -62,7 +62,7 @@ pub fn sample_entries(start_index: u64, n: u64) -> Vec<Entry> {
             if i % 4 == 1 {
                 commands.push(Command::Cancel { key: TimerKey::new("orders", format!("t-{}", i - 1)) });
             }
-            support::entry(1, start_index + i, Proposal { now_ms: now, commands })
+            support::entry(1, start_index + i, Proposal { now_ms: now, commands: commands.into() })
         })
         .collect()
 }
@@ -154,14 +154,14 @@ fn build_log(ops: &[Op], per_entry: usize) -> Vec<Proposal> {
         // the reference right away.
         if !pending.is_empty() && (matches!(op, Op::Advance { .. }) || pending.len() >= per_entry) {
             index += 1;
-            let proposal = Proposal { now_ms: now, commands: std::mem::take(&mut pending) };
+            let proposal = Proposal { now_ms: now, commands: std::mem::take(&mut pending).into() };
             apply_proposal(&mut reference, &mut meta, index, &proposal).unwrap();
             proposals.push(proposal);
         }
     }
     if !pending.is_empty() {
         index += 1;
-        let proposal = Proposal { now_ms: now, commands: pending };
+        let proposal = Proposal { now_ms: now, commands: pending.into() };
         apply_proposal(&mut reference, &mut meta, index, &proposal).unwrap();
         proposals.push(proposal);
     }

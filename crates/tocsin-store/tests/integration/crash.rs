@@ -60,7 +60,7 @@ fn crash_child_entry_point() {
                 loop {
                     let batch = 1 + (index % 7);
                     let entries = (index..index + batch)
-                        .map(|i| support::entry(1, i, Proposal { now_ms: i, commands: vec![] }))
+                        .map(|i| support::entry(1, i, Proposal { now_ms: i, commands: Vec::new().into() }))
                         .collect();
                     support::append(&mut log, entries).await;
                     index += batch;
@@ -185,7 +185,7 @@ fn apply_child_entry(index: u64) -> Entry {
     if index.is_multiple_of(4) {
         commands.push(Command::Cancel { key: TimerKey::new("orders", format!("t-{}", index - 1)) });
     }
-    support::entry(1, index, Proposal { now_ms, commands })
+    support::entry(1, index, Proposal { now_ms, commands: commands.into() })
 }
 
 /// Not a test of its own: the apply child (see the module note). Without

@@ -22,7 +22,7 @@ use crate::apply::sample_entries;
 use crate::support;
 
 fn cluster(index: u64, cmd: ClusterCommand) -> tocsin_store::Entry {
-    support::entry(1, index, Proposal { now_ms: 1_000 + index, commands: vec![Command::Cluster(cmd)] })
+    support::entry(1, index, Proposal { now_ms: 1_000 + index, commands: vec![Command::Cluster(cmd)].into() })
 }
 
 fn node(id: u64) -> NewNode {
