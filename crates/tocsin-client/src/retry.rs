@@ -81,7 +81,15 @@ impl Client {
                     // A fresh hint means retry now; otherwise try elsewhere,
                     // refresh and back off.
                     if !self.learn(shard, &err) {
-                        self.forget_leader(shard);
+                        // Overloaded is not misrouted: a node sheds creates
+                        // only for shards it leads, so the route is right and
+                        // only the wait it asks for is needed. Forgetting the
+                        // leader sent every retry of a shed create through
+                        // another node's forwarding, on a cluster short of CPU.
+                        let overloaded = err.code() == tonic::Code::ResourceExhausted;
+                        if !overloaded {
+                            self.forget_leader(shard);
+                        }
                         let wait = match &err {
                             ClientError::Status { info, .. } if info.retry_after_ms > 0 => {
                                 Duration::from_millis(info.retry_after_ms).max(self.backoff(attempt))
@@ -89,7 +97,9 @@ impl Client {
                             _ => self.backoff(attempt),
                         };
                         tokio::time::sleep(wait).await;
-                        self.refresh_after_failure().await;
+                        if !overloaded {
+                            self.refresh_after_failure().await;
+                        }
                     }
                     last = err;
                 }

@@ -13,6 +13,21 @@
 //! larger moving average is over
 //! `shed_creates_lag_ms`, creates are refused with a retry hint, so that
 //! what was accepted keeps its time.
+//!
+//! **Delivery lag.** A node can keep its fires on time and still fall
+//! behind on delivering them: each fired timer then waits for a connection
+//! slot or the lease before its send starts, and every create taken only
+//! lengthens that wait (measured: three nodes offered 10,000 timers/s kept
+//! `tocsin_fire_behind_seconds` at 0 while fired-but-undelivered timers
+//! grew by 5,000 a second, p99 35 s late). So each push attempt reports
+//! how long it waited between its start in replicated state and its send
+//! ([`DeliveryLag`]), per namespace; in a second in which 1% of a
+//! namespace's waits are over `shed_creates_delivery_behind_ms`, that
+//! namespace's creates are refused, and after it they are let in at less
+//! than its deliveries made, a limit that grows while they stay on time.
+//! Per namespace, because the usual cause of a long wait is one tenant's
+//! slow receiver filling its endpoint's slots: that tenant is told to slow
+//! down, the others are not.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -43,11 +58,13 @@ pub struct Admission {
     /// The fire runtime's (`runtime.rs`): a node whose fire loops and
     /// deliveries run late takes no more creates either.
     fire_lag_us: std::sync::OnceLock<Arc<AtomicU64>>,
+    delivery_lag: Arc<DeliveryLag>,
 }
 
 impl Admission {
     /// Starts the disk watcher for `data_dir`.
     pub fn start(config: AdmissionConfig, data_dir: PathBuf) -> Arc<Admission> {
+        let delivery_lag = Arc::new(DeliveryLag::new(config.shed_creates_delivery_behind_ms));
         let admission = Arc::new(Admission {
             config,
             buckets: Mutex::new(HashMap::new()),
@@ -56,6 +73,7 @@ impl Admission {
             free_bytes: Arc::new(AtomicU64::new(u64::MAX)),
             lag_us: Arc::new(AtomicU64::new(0)),
             fire_lag_us: std::sync::OnceLock::new(),
+            delivery_lag,
         });
         tokio::spawn(crate::runtime::probe_lag(
             admission.lag_us.clone(),
@@ -119,6 +137,12 @@ impl Admission {
         Duration::from_micros(work.max(fire))
     }
 
+    /// Where this node's push attempts report how long they waited to be
+    /// sent (see the module doc).
+    pub fn delivery_lag(&self) -> Arc<DeliveryLag> {
+        self.delivery_lag.clone()
+    }
+
     /// Admits `count` creates in `namespace`, or says why not.
     pub fn admit_create(&self, namespace: &str, count: u64) -> Result<(), NodeError> {
         if self.disk_low.load(Ordering::Relaxed) {
@@ -131,6 +155,25 @@ impl Admission {
             });
         }
         shed_for_lag(self.scheduling_lag(), Duration::from_millis(self.config.shed_creates_lag_ms))?;
+        self.delivery_lag.admit(namespace, count, Instant::now()).map_err(|shed| {
+            metrics::counter!("tocsin_creates_shed_total", "reason" => ShedReason::DeliveryBehind.label()).increment(1);
+            match shed {
+                DeliveryShed::Behind { wait_ms } => NodeError::ResourceExhausted {
+                    message: format!(
+                        "namespace {namespace}'s deliveries from this node waited {wait_ms} ms to be sent; \
+                         its creates are refused until they catch up"
+                    ),
+                    retry_after_ms: wait_ms.clamp(50, 2_000),
+                },
+                DeliveryShed::Limited { per_sec, retry_after_ms } => NodeError::ResourceExhausted {
+                    message: format!(
+                        "namespace {namespace}'s deliveries from this node fell behind; its creates are let in \
+                         at {per_sec}/s while they catch up"
+                    ),
+                    retry_after_ms: retry_after_ms.clamp(50, 2_000),
+                },
+            }
+        })?;
         let rate = self.config.create_rate_per_namespace;
         if rate == 0 {
             return Ok(());
@@ -209,6 +252,10 @@ pub enum ShedReason {
     /// The shard's fire loop has been leaving due timers unfired for want
     /// of batches for longer than `shed_creates_fire_behind_ms`.
     FireBehind,
+    /// 1% of the namespace's push attempts on this node in a second waited
+    /// longer than `shed_creates_delivery_behind_ms` to be sent, or its
+    /// creates are over the limit that followed ([`DeliveryLag`]).
+    DeliveryBehind,
 }
 
 impl ShedReason {
@@ -217,6 +264,7 @@ impl ShedReason {
             ShedReason::QueueDelay => "queue_delay",
             ShedReason::SchedulingLag => "scheduling_lag",
             ShedReason::FireBehind => "fire_behind",
+            ShedReason::DeliveryBehind => "delivery_behind",
         }
     }
 
@@ -224,7 +272,7 @@ impl ShedReason {
     /// an average over the whole node and clears more slowly than a queue.
     fn hint_factor(self) -> u32 {
         match self {
-            ShedReason::QueueDelay | ShedReason::FireBehind => 1,
+            ShedReason::QueueDelay | ShedReason::FireBehind | ShedReason::DeliveryBehind => 1,
             ShedReason::SchedulingLag => 4,
         }
     }
@@ -253,6 +301,189 @@ pub fn shed_for_lag(lag: Duration, shed_after: Duration) -> Result<(), NodeError
     }
 }
 
+/// Most namespaces [`DeliveryLag`] tracks; past it the one with the oldest
+/// window is dropped (a namespace not heard from in a window is on time).
+const MAX_DELIVERY_NAMESPACES: usize = 10_000;
+/// The period over which sends are counted and judged.
+const LAG_WINDOW: Duration = Duration::from_secs(1);
+/// A namespace that fell behind is let in at this share of the sends its
+/// deliveries made in the window that fell behind: less than they can
+/// deliver, so the queue in front of them drains.
+const RATE_DECREASE: f64 = 0.7;
+/// ... and at this many times its limit more for every window on time (at
+/// most twice what the window delivered).
+const RATE_INCREASE: f64 = 1.25;
+/// The lowest limit, creates per second (a receiver that delivered
+/// nothing in the window still lets its namespace create a little).
+const MIN_RATE_PER_SEC: f64 = 10.0;
+/// A limit is lifted after this many windows on time in which it refused
+/// nothing: the namespace asks for no more than its deliveries keep up with.
+const RELEASE_AFTER_WINDOWS: u32 = 3;
+
+/// Per namespace, how its push attempts on this node keep up, and the
+/// create limit that follows from it (see the module doc).
+///
+/// Each attempt reports how long it waited between its start in replicated
+/// state and its send ([`DeliveryLag::note`]). A window in which at least
+/// 1% of them waited longer than the bound is *behind*: while it lasts, the namespace's
+/// creates are refused outright; from its end, they are let in at
+/// [`RATE_DECREASE`] of the sends the window made, a limit that grows by
+/// [`RATE_INCREASE`] for each window on time and is lifted after
+/// [`RELEASE_AFTER_WINDOWS`] on time without refusing anything. An on/off
+/// gate alone lets every create waiting on a retry in at once when it
+/// opens, and they all fall due together a timer's delay later: measured,
+/// three nodes offered 10,000 timers/s with 2 s delays went on and off
+/// every few seconds with p99 lateness over 20 s.
+#[derive(Debug)]
+pub struct DeliveryLag {
+    base: Instant,
+    bound_ms: u64,
+    /// The latest window in which any namespace was behind or limited:
+    /// [`DeliveryLag::admit`] skips the lock when it is older than the
+    /// previous window.
+    restricted_window: AtomicU64,
+    namespaces: Mutex<HashMap<String, NsDelivery>>,
+}
+
+/// One namespace's window, and its limit while it recovers.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct NsDelivery {
+    window: u64,
+    sends: u64,
+    /// The longest wait reported in the window.
+    max_wait_ms: u64,
+    /// Sends in the window that waited longer than the bound.
+    over: u64,
+    /// Whether the limit refused a create in the window.
+    limited_some: bool,
+    /// Consecutive finished windows on time with the limit refusing
+    /// nothing.
+    quiet_windows: u32,
+    /// Creates per second while it recovers, the tokens left and when they
+    /// were counted (ms since `base`).
+    limit: Option<(f64, f64, u64)>,
+}
+
+impl NsDelivery {
+    /// Whether the window is behind: at least 1% of its sends (and at
+    /// least one) waited past the bound. A percentile, not the maximum: at
+    /// thousands of sends a second a few slow ones are noise, and shedding
+    /// on them cut a node that kept up to a quarter of its rate.
+    fn behind(&self) -> bool {
+        self.over > 0 && self.over * 100 >= self.sends
+    }
+
+    /// Moves to `window`, judging the windows that ended.
+    fn roll(&mut self, window: u64) {
+        if window <= self.window {
+            return;
+        }
+        let sends_per_sec = self.sends as f64 / LAG_WINDOW.as_secs_f64();
+        if self.behind() {
+            // The sends of a window spent behind are what the deliveries
+            // can do: let in less than that.
+            self.limit = Some(((sends_per_sec * RATE_DECREASE).max(MIN_RATE_PER_SEC), 0.0, 0));
+            self.quiet_windows = 0;
+        } else if let Some((rate, tokens, at)) = self.limit {
+            // The window that ended was on time, and so was every window
+            // after it with no report at all.
+            let on_time = (window - self.window).min(64) as u32;
+            self.quiet_windows = if self.limited_some { on_time - 1 } else { self.quiet_windows + on_time };
+            // Grown by a quarter a window, but never past twice what the
+            // window delivered: creates let in now fall due together later,
+            // and a limit far above what was last delivered would let the
+            // whole backlog of retries in at once (measured: 10,000 in one
+            // second, 3-5 s late two seconds on).
+            let grown = (rate * RATE_INCREASE.powi(on_time as i32)).min((2.0 * sends_per_sec).max(rate));
+            self.limit = (self.quiet_windows < RELEASE_AFTER_WINDOWS).then_some((grown, tokens, at));
+        }
+        *self = NsDelivery { window, limit: self.limit, quiet_windows: self.quiet_windows, ..NsDelivery::default() };
+    }
+}
+
+/// Why [`DeliveryLag::admit`] refused a create.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum DeliveryShed {
+    /// A send of the namespace in this window waited `wait_ms`.
+    Behind { wait_ms: u64 },
+    /// The namespace is recovering and its limit is spent.
+    Limited { per_sec: u64, retry_after_ms: u64 },
+}
+
+impl DeliveryLag {
+    /// Sends waiting up to `bound_ms` are on time (0: never shed).
+    pub fn new(bound_ms: u64) -> DeliveryLag {
+        DeliveryLag {
+            base: Instant::now(),
+            bound_ms,
+            restricted_window: AtomicU64::new(0),
+            namespaces: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Windows count from 2: 0 is "never restricted", which must look older
+    /// than the previous window of every real one.
+    fn window_and_ms(&self, now: Instant) -> (u64, u64) {
+        let ms = now.saturating_duration_since(self.base).as_millis() as u64;
+        (ms / LAG_WINDOW.as_millis() as u64 + 2, ms)
+    }
+
+    /// A push attempt of `namespace` waited `wait_ms` to be sent.
+    pub fn note(&self, namespace: &str, wait_ms: u64, now: Instant) {
+        if self.bound_ms == 0 {
+            return;
+        }
+        let (window, _) = self.window_and_ms(now);
+        let mut namespaces = self.namespaces.lock().expect("delivery lag lock");
+        if !namespaces.contains_key(namespace) && namespaces.len() >= MAX_DELIVERY_NAMESPACES {
+            let oldest = namespaces.iter().min_by_key(|(_, ns)| ns.window).map(|(k, _)| k.clone());
+            if let Some(k) = oldest {
+                namespaces.remove(&k);
+            }
+        }
+        let ns = namespaces.entry(namespace.to_string()).or_insert(NsDelivery { window, ..NsDelivery::default() });
+        ns.roll(window);
+        ns.sends += 1;
+        ns.max_wait_ms = ns.max_wait_ms.max(wait_ms);
+        if wait_ms > self.bound_ms {
+            ns.over += 1;
+        }
+        if ns.behind() || ns.limit.is_some() {
+            self.restricted_window.fetch_max(window, Ordering::Relaxed);
+        }
+    }
+
+    /// Lets `count` creates of `namespace` in, or says why not.
+    pub fn admit(&self, namespace: &str, count: u64, now: Instant) -> Result<(), DeliveryShed> {
+        let (window, ms) = self.window_and_ms(now);
+        if self.restricted_window.load(Ordering::Relaxed) + 1 < window {
+            return Ok(());
+        }
+        let mut namespaces = self.namespaces.lock().expect("delivery lag lock");
+        let Some(ns) = namespaces.get_mut(namespace) else { return Ok(()) };
+        ns.roll(window);
+        if ns.behind() {
+            return Err(DeliveryShed::Behind { wait_ms: ns.max_wait_ms });
+        }
+        let Some((rate, tokens, at)) = ns.limit.as_mut() else { return Ok(()) };
+        self.restricted_window.fetch_max(window, Ordering::Relaxed);
+        // A token bucket holding at most a tenth of a second's creates, so
+        // a limit lets them in smoothly rather than a window's worth at once;
+        // a batch larger than that is let in when it is full, leaving debt.
+        let burst = (*rate / 10.0).max(1.0);
+        *tokens = (*tokens + ms.saturating_sub(*at) as f64 * *rate / 1000.0).min(burst);
+        *at = ms;
+        let needed = (count as f64).min(burst);
+        if *tokens >= needed {
+            *tokens -= count as f64;
+            return Ok(());
+        }
+        ns.limited_some = true;
+        let retry_after_ms = (((needed - *tokens) / *rate) * 1000.0).ceil().max(1.0) as u64;
+        Err(DeliveryShed::Limited { per_sec: *rate as u64, retry_after_ms })
+    }
+}
+
 fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
     let stat = rustix::fs::statvfs(dir)?;
     Ok(stat.f_bavail.saturating_mul(stat.f_frsize))
@@ -262,6 +493,117 @@ fn free_bytes(dir: &std::path::Path) -> std::io::Result<u64> {
 mod tests {
     use super::*;
     use crate::runtime::next_lag_average_us;
+
+    #[test]
+    fn a_namespace_behind_is_refused_then_let_in_at_a_growing_rate_then_freed() {
+        let lag = DeliveryLag::new(300);
+        let t0 = lag.base;
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        for _ in 0..50 {
+            lag.note("a", 100, t0);
+        }
+        assert_eq!(lag.admit("a", 1, t0), Ok(()), "on time: no limit");
+        // Phase: one send of 100 in the window waited past the bound.
+        for _ in 0..49 {
+            lag.note("a", 120, at(10));
+        }
+        lag.note("a", 900, at(20));
+        assert_eq!(lag.admit("a", 1, at(30)), Err(DeliveryShed::Behind { wait_ms: 900 }));
+        assert_eq!(lag.admit("b", 1, at(30)), Ok(()), "another namespace is not held back");
+        // Phase: from the next window, 70% of the window's 100 sends a
+        // second, in bursts of a tenth of that.
+        for _ in 0..7 {
+            assert_eq!(lag.admit("a", 1, at(1_000)), Ok(()));
+        }
+        assert_eq!(lag.admit("a", 1, at(1_000)), Err(DeliveryShed::Limited { per_sec: 70, retry_after_ms: 15 }));
+        assert_eq!(lag.admit("a", 1, at(1_015)), Ok(()), "a token every 1/70 s");
+        // Phase: windows on time raise the limit by a quarter each (up to
+        // twice what they delivered); three in which it refused nothing
+        // lift it.
+        for _ in 0..100 {
+            lag.note("a", 10, at(1_500));
+        }
+        assert!(lag.admit("a", 1, at(2_000)).is_ok());
+        assert!(matches!(lag.namespaces.lock().unwrap()["a"].limit, Some((r, _, _)) if (r - 87.5).abs() < 1e-9));
+        assert!(lag.admit("a", 1, at(3_000)).is_ok());
+        assert!(lag.admit("a", 1, at(4_000)).is_ok());
+        assert!(lag.namespaces.lock().unwrap()["a"].limit.is_some(), "two quiet windows");
+        assert!(lag.admit("a", 1, at(5_000)).is_ok());
+        assert_eq!(lag.namespaces.lock().unwrap()["a"].limit, None, "three quiet windows lift it");
+        for _ in 0..100 {
+            assert_eq!(lag.admit("a", 1, at(5_001)), Ok(()));
+        }
+    }
+
+    #[test]
+    fn a_window_behind_sets_the_limit_from_its_sends_and_growth_follows_deliveries() {
+        let lag = DeliveryLag::new(300);
+        let at = |ms: u64| lag.base + Duration::from_millis(ms);
+        let limit = |lag: &DeliveryLag| lag.namespaces.lock().unwrap()["a"].limit.map(|(r, _, _)| r);
+        // Behind with a single send (a receiver that barely answers): the floor.
+        lag.note("a", 5_000, at(0));
+        assert!(lag.admit("a", 1, at(1_000)).is_ok());
+        assert_eq!(limit(&lag), Some(MIN_RATE_PER_SEC));
+        // Behind again with 1,000 sends: 70% of them.
+        for _ in 0..1_000 {
+            lag.note("a", 400, at(1_500));
+        }
+        assert!(lag.admit("a", 1, at(2_000)).is_ok());
+        assert_eq!(limit(&lag), Some(700.0));
+        // On time with 400 sends: a quarter more, but not past 800.
+        for _ in 0..400 {
+            lag.note("a", 10, at(2_500));
+        }
+        assert!(lag.admit("a", 1, at(3_000)).is_ok());
+        assert_eq!(limit(&lag), Some(800.0));
+        // On time with no sends: no growth.
+        assert!(lag.admit("a", 1, at(4_000)).is_ok());
+        assert_eq!(limit(&lag), Some(800.0));
+        // A long silence is on time throughout: the limit is gone.
+        for _ in 0..1_000 {
+            assert_eq!(lag.admit("a", 1, at(60_000)), Ok(()));
+        }
+        lag.note("a", 10, at(60_000));
+        assert_eq!(limit(&lag), None);
+    }
+
+    #[test]
+    fn a_zero_bound_never_sheds_and_namespaces_are_bounded() {
+        let off = DeliveryLag::new(0);
+        off.note("a", 60_000, off.base);
+        assert_eq!(off.admit("a", 1, off.base), Ok(()));
+        let lag = DeliveryLag::new(300);
+        let t0 = lag.base;
+        lag.note("first", 500, t0);
+        for i in 0..MAX_DELIVERY_NAMESPACES {
+            lag.note(&format!("ns{i}"), 500, t0 + LAG_WINDOW);
+        }
+        assert_eq!(lag.namespaces.lock().unwrap().len(), MAX_DELIVERY_NAMESPACES);
+        assert_eq!(lag.admit("first", 1, t0 + LAG_WINDOW), Ok(()), "the oldest namespace was dropped");
+        assert_eq!(lag.admit("ns9", 1, t0 + LAG_WINDOW), Err(DeliveryShed::Behind { wait_ms: 500 }));
+    }
+
+    #[tokio::test]
+    async fn creates_of_a_namespace_whose_deliveries_wait_are_refused_with_a_hint() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = AdmissionConfig { shed_creates_delivery_behind_ms: 300, ..AdmissionConfig::default() };
+        let admission = Admission::start(config, dir.path().to_path_buf());
+        admission.delivery_lag().note("slow", 250, Instant::now());
+        assert!(admission.admit_create("slow", 1).is_ok(), "under the bound");
+        admission.delivery_lag().note("slow", 900, Instant::now());
+        match admission.admit_create("slow", 1) {
+            Err(NodeError::ResourceExhausted { message, retry_after_ms }) => {
+                assert!(message.contains("slow") && message.contains("900 ms"), "{message}");
+                assert_eq!(retry_after_ms, 900, "the wait is the hint");
+            }
+            other => panic!("expected RESOURCE_EXHAUSTED, got {other:?}"),
+        }
+        assert!(admission.admit_create("fast", 1).is_ok(), "other namespaces are let in");
+        let off = AdmissionConfig { shed_creates_delivery_behind_ms: 0, ..AdmissionConfig::default() };
+        let admission = Admission::start(off, dir.path().to_path_buf());
+        admission.delivery_lag().note("slow", 5_000, Instant::now());
+        assert!(admission.admit_create("slow", 1).is_ok(), "0 turns it off");
+    }
 
     #[test]
     fn one_late_wake_up_does_not_shed_but_a_sustained_lag_does() {

@@ -481,6 +481,15 @@ pub struct AdmissionConfig {
     /// because its `Fire` batches in flight are at their bound: a shard that
     /// takes creates faster than it can fire them fires all of them late.
     pub shed_creates_fire_behind_ms: u64,
+    /// Creates of a namespace are refused with RESOURCE_EXHAUSTED in a
+    /// second in which 1% of its push deliveries from this node waited
+    /// longer than this to be sent after their attempt started, and let in
+    /// at a limit below what its deliveries made for a few seconds after
+    /// (0: never; `admission::DeliveryLag`): the node fires on time but
+    /// cannot deliver as fast, or the namespace's receiver is slow and its
+    /// endpoint's connection slots are full. Other namespaces' creates are
+    /// not refused for it.
+    pub shed_creates_delivery_behind_ms: u64,
     /// Deadline for a request waiting on Raft.
     pub request_timeout_ms: u64,
 }
@@ -495,6 +504,7 @@ impl Default for AdmissionConfig {
             shed_creates_after_ms: 250,
             shed_creates_lag_ms: 30,
             shed_creates_fire_behind_ms: 200,
+            shed_creates_delivery_behind_ms: 300,
             request_timeout_ms: 10_000,
         }
     }

@@ -8,10 +8,9 @@
 //! Label values that come from clients are capped (`crate::labels`); a gRPC
 //! method is a label only if the API defines it.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::LazyLock;
 use std::task::Context;
 use std::task::Poll;
@@ -59,7 +58,7 @@ pub const METRICS: &[(&str, Kind, Unit, &str)] = &[
         "tocsin_creates_shed_total",
         Kind::Counter,
         Unit::Count,
-        "Creates refused early under overload (RESOURCE_EXHAUSTED), by reason (queue_delay, scheduling_lag, fire_behind)",
+        "Creates refused early under overload (RESOURCE_EXHAUSTED), by reason (queue_delay, scheduling_lag, fire_behind, delivery_behind)",
     ),
     ("tocsin_creates_over_quota_total", Kind::Counter, Unit::Count, "Creates refused by a namespace quota, by quota"),
     (
@@ -349,17 +348,21 @@ impl LifecycleCounts {
     }
 }
 
-/// The methods the client port serves, as `/package.Service/Method`: a
-/// method label outside this set (a client's invention) is `other`.
-static KNOWN_METHODS: LazyLock<HashSet<String>> = LazyLock::new(|| {
+/// The methods the client port serves, `/package.Service/Method` to its
+/// label (the path without its leading `/`): a method outside this set (a
+/// client's invention) is `other`. The labels are built once and leaked (a
+/// few dozen, for the process's life) so that counting a call allocates
+/// no label.
+static KNOWN_METHODS: LazyLock<HashMap<String, &'static str>> = LazyLock::new(|| {
     use prost::Message;
-    let mut known = HashSet::new();
+    let mut known = HashMap::new();
     for set in [tocsin_proto::FILE_DESCRIPTOR_SET, tonic_health::pb::FILE_DESCRIPTOR_SET] {
         let Ok(set) = prost_types::FileDescriptorSet::decode(set) else { continue };
         for file in set.file {
             for service in &file.service {
                 for method in &service.method {
-                    known.insert(format!("/{}.{}/{}", file.package(), service.name(), method.name()));
+                    let label = format!("{}.{}/{}", file.package(), service.name(), method.name());
+                    known.insert(format!("/{label}"), &*Box::leak(label.into_boxed_str()));
                 }
             }
         }
@@ -367,13 +370,13 @@ static KNOWN_METHODS: LazyLock<HashSet<String>> = LazyLock::new(|| {
     known
 });
 
-fn method_label(path: &str) -> String {
-    if KNOWN_METHODS.contains(path) {
-        path.trim_start_matches('/').to_string()
+fn method_label(path: &str) -> &'static str {
+    if let Some(label) = KNOWN_METHODS.get(path) {
+        label
     } else if path.starts_with("/grpc.reflection.") {
-        "grpc.reflection".to_string()
+        "grpc.reflection"
     } else {
-        "other".to_string()
+        "other"
     }
 }
 
@@ -421,7 +424,7 @@ where
     }
 
     fn call(&mut self, request: http::Request<B>) -> Self::Future {
-        let method = Arc::<str>::from(method_label(request.uri().path()));
+        let method = method_label(request.uri().path());
         let access_log = self.access_log;
         let peer = access_log
             .then(|| {
@@ -449,9 +452,8 @@ where
             };
             let code_name = tocsin_contract::codes::code_name(code);
             let seconds = started.elapsed().as_secs_f64();
-            metrics::counter!("tocsin_grpc_requests_total", "method" => method.to_string(), "code" => code_name)
-                .increment(1);
-            metrics::histogram!("tocsin_grpc_request_seconds", "method" => method.to_string()).record(seconds);
+            metrics::counter!("tocsin_grpc_requests_total", "method" => method, "code" => code_name).increment(1);
+            metrics::histogram!("tocsin_grpc_request_seconds", "method" => method).record(seconds);
             if access_log {
                 tracing::info!(
                     target: "access",

@@ -5,7 +5,8 @@
 //! fire on time; a `410 Gone` kills its timer (DEAD, reason GONE) and
 //! disables the URL until `tocsin admin endpoint enable`. Pausing a
 //! namespace stops its fires until resumed; pausing an endpoint holds its
-//! deliveries.
+//! deliveries. A namespace whose deliveries wait for a slow receiver has
+//! its creates refused (RESOURCE_EXHAUSTED) while another's are taken.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,6 +20,7 @@ use crate::support::NodeProcess;
 use crate::support::Receiver;
 use crate::support::now_ms;
 use crate::support::percentiles;
+use crate::support::wait_for;
 
 /// What the scripted receiver answers, and how late.
 #[derive(Clone, Copy)]
@@ -76,14 +78,6 @@ impl Scripted {
 }
 
 const OK: Script = Script { status: 200, retry_after_s: None, delay_ms: 0 };
-
-async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
-    let until = std::time::Instant::now() + limit;
-    while !done().await {
-        assert!(std::time::Instant::now() < until, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 fn timer(ns: &str, id: &str, delay_ms: u64, url: &str) -> pb::CreateTimerRequest {
     let mut r = tocsin_client::webhook_timer(ns, id, delay_ms, url);
@@ -378,4 +372,68 @@ async fn waiting_deliveries_are_bounded_in_bytes() {
     for id in &ids {
         assert!(!slow.of(id).is_empty(), "{id} never reached the endpoint");
     }
+}
+
+/// One create in `ns` with a single attempt: its error code, if refused, and
+/// the message.
+async fn create_once(client: &Client, ns: &str, id: &str, url: &str) -> Result<(), (tonic::Code, String)> {
+    client.create_timer(timer(ns, id, 60_000, url)).await.map(|_| ()).map_err(|e| (e.code(), e.to_string()))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_namespace_whose_deliveries_wait_has_its_creates_shed_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    // One request at a time to an endpoint, so that a slow receiver's
+    // deliveries wait for the slot.
+    let node = NodeProcess::start(dir.path(), &[("TOCSIN_DELIVERY__PER_ENDPOINT_CONCURRENCY", "1")]);
+    let once = tocsin_client::ClientOptions { max_attempts: 1, ..Default::default() };
+    let client = Client::with_options([node.grpc.clone()], once).await.unwrap();
+    let slow = Scripted::start(Script { status: 200, retry_after_s: None, delay_ms: 800 }).await;
+    let healthy = Receiver::start().await;
+
+    // Phase: five timers of one namespace due together at the slow
+    // receiver: each waits up to 3.2 s for the slot, past the 300 ms bound.
+    let ids: Vec<String> = (0..5).map(|i| format!("b-{i}")).collect();
+    let fire_at_ms = now_ms() + 300;
+    for id in &ids {
+        let mut t = timer("backlogged", id, 0, &slow.url);
+        t.fire_time = Some(pb::create_timer_request::FireTime::FireAtMs(fire_at_ms));
+        client.create_timer(t).await.unwrap();
+    }
+    // Phase: while they wait, that namespace's creates are refused with
+    // RESOURCE_EXHAUSTED and a message that says why; another namespace's
+    // are taken.
+    let mut n = 0;
+    let mut refused = None;
+    wait_for("a create in the backlogged namespace refused", Duration::from_secs(10), async || {
+        n += 1;
+        match create_once(&client, "backlogged", &format!("more-{n}"), &healthy.url).await {
+            Ok(()) => false,
+            Err(e) => {
+                refused = Some(e);
+                true
+            }
+        }
+    })
+    .await;
+    let (code, message) = refused.unwrap();
+    assert_eq!(code, tonic::Code::ResourceExhausted, "{message}");
+    assert!(message.contains("backlogged") && message.contains("deliveries"), "{message}");
+    create_once(&client, "unrelated", "u-1", &healthy.url).await.expect("another namespace is not shed");
+    let metrics = crate::support::metrics_text(&node.http).await;
+    assert!(metrics.contains("tocsin_creates_shed_total{reason=\"delivery_behind\"}"), "no shed counted");
+
+    // Phase: the receiver keeps up again; once the waits are over (a
+    // report counts for one to two seconds) the namespace's creates are
+    // taken again, and every timer was delivered.
+    slow.set(OK);
+    wait_for("every backlogged timer delivered", Duration::from_secs(30), async || {
+        all_delivered(&client, "backlogged", &ids).await
+    })
+    .await;
+    wait_for("the backlogged namespace's creates taken again", Duration::from_secs(5), async || {
+        n += 1;
+        create_once(&client, "backlogged", &format!("more-{n}"), &healthy.url).await.is_ok()
+    })
+    .await;
 }

@@ -12,14 +12,7 @@ use tocsin_client::v1 as pb;
 use crate::support::NodeProcess;
 use crate::support::Receiver;
 use crate::support::now_ms;
-
-async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let until = std::time::Instant::now() + limit;
-    while !done() {
-        assert!(std::time::Instant::now() < until, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+use crate::support::wait_for;
 
 fn retrying(id: &str, url: &str) -> pb::CreateTimerRequest {
     let mut r = tocsin_client::webhook_timer("subs", id, 200, url);
@@ -45,7 +38,7 @@ async fn cancel_while_retrying_and_replacing_a_finished_id() {
     let req = retrying("renewal", &receiver.url);
     let created = client.create_timer(req.clone()).await.unwrap();
     assert!(created.created);
-    wait_for("two failed attempts", Duration::from_secs(10), || receiver.of("renewal").len() >= 2).await;
+    wait_for("two failed attempts", Duration::from_secs(10), async || receiver.of("renewal").len() >= 2).await;
 
     // Phase: a cancel now stops it, and says whether an attempt was under
     // way. At most that attempt arrives afterwards.
@@ -98,7 +91,7 @@ async fn cancel_while_retrying_and_replacing_a_finished_id() {
     assert!(second.created);
     let t = second.timer.unwrap();
     assert_eq!((t.state, t.generation), (pb::timer::State::Scheduled as i32, 2));
-    wait_for("the new timer's delivery", Duration::from_secs(10), || {
+    wait_for("the new timer's delivery", Duration::from_secs(10), async || {
         receiver.of("renewal").iter().any(|s| s.fire_id != fire.fire_id && s.recv_ms + 10_000 > now_ms())
     })
     .await;
@@ -221,7 +214,7 @@ async fn dead_timers_keep_their_attempts_and_are_redriven() {
     use pb::redrive_result::Outcome;
     assert_eq!(outcomes, vec![Outcome::Redriven as i32, Outcome::NotFound as i32]);
     assert_eq!(resp.results[0].timer.as_ref().unwrap().generation, 2);
-    wait_for("the redriven delivery", Duration::from_secs(10), || {
+    wait_for("the redriven delivery", Duration::from_secs(10), async || {
         failing[0].of("retry-0").iter().any(|s| s.fire_id != first_fire_id)
     })
     .await;
@@ -261,7 +254,7 @@ async fn dead_timers_keep_their_attempts_and_are_redriven() {
     let out = cli(&node, &["redrive", "ops", "--all-dead"]);
     assert!(out.contains("redriven 2 DEAD timers"), "{out}");
     assert!(dead("").await.len() <= 1, "only gone-0, which the 410 receiver kills again, may be DEAD");
-    wait_for("retry-1 and retry-2 delivered", Duration::from_secs(10), || {
+    wait_for("retry-1 and retry-2 delivered", Duration::from_secs(10), async || {
         (1..3).all(|i| failing[i].of(&format!("retry-{i}")).len() >= 3)
     })
     .await;
@@ -396,7 +389,7 @@ async fn a_late_fire_says_how_late_or_is_skipped_by_its_policy() {
     client.create_timer(past("bounded", 60_000)).await.unwrap();
     client.create_timer(past("strict", 2_000)).await.unwrap();
     let skipped = pb::timer::State::Skipped as i32;
-    wait_for("the strict timer SKIPPED", Duration::from_secs(10), || {
+    wait_for("the strict timer SKIPPED", Duration::from_secs(10), async || {
         receiver.of("lenient").len() == 1 && receiver.of("bounded").len() == 1
     })
     .await;

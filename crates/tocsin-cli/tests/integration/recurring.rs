@@ -15,14 +15,7 @@ use crate::support::NodeProcess;
 use crate::support::Receiver;
 use crate::support::Seen;
 use crate::support::now_ms;
-
-async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
-    let until = std::time::Instant::now() + limit;
-    while !done() {
-        assert!(std::time::Instant::now() < until, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+use crate::support::wait_for;
 
 /// `tocsin timer <args…>`: (success, stdout, stderr).
 fn timer_cli(args: &[&str]) -> (bool, String, String) {
@@ -67,7 +60,7 @@ async fn recurring_timers_fire_each_occurrence_once_through_a_crash_a_receiver_o
     assert_eq!(v["recurrence"]["every_ms"], 1000);
     assert_eq!(v["recurrence"]["count"], 3);
     let first_at = v["fire_at_ms"].as_u64().unwrap();
-    wait_for("three occurrences", Duration::from_secs(15), || receiver.of("tick").len() >= 3).await;
+    wait_for("three occurrences", Duration::from_secs(15), async || receiver.of("tick").len() >= 3).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let seen = receiver.of("tick");
     assert_eq!(seen.len(), 3, "{seen:?}");
@@ -94,7 +87,7 @@ async fn recurring_timers_fire_each_occurrence_once_through_a_crash_a_receiver_o
     });
     let resp = http.post(format!("http://{}/v1/timers", node.http)).json(&body).send().await.unwrap();
     assert_eq!(resp.status().as_u16(), 201, "{}", resp.text().await.unwrap());
-    wait_for("two cron occurrences", Duration::from_secs(10), || receiver.of("cron").len() >= 2).await;
+    wait_for("two cron occurrences", Duration::from_secs(10), async || receiver.of("cron").len() >= 2).await;
     for s in receiver.of("cron") {
         assert_eq!(s.fire_at_ms % 2000, 0, "on even seconds: {s:?}");
         assert!(s.recv_ms >= s.fire_at_ms);
@@ -117,11 +110,12 @@ async fn recurring_timers_fire_each_occurrence_once_through_a_crash_a_receiver_o
         &receiver.url,
     ]);
     assert!(ok, "{out}{err}");
-    wait_for("two occurrences before the crash", Duration::from_secs(10), || receiver.of("crash").len() >= 2).await;
+    wait_for("two occurrences before the crash", Duration::from_secs(10), async || receiver.of("crash").len() >= 2)
+        .await;
     node.kill9();
     tokio::time::sleep(Duration::from_millis(1500)).await;
     node.restart();
-    wait_for("five occurrences after the crash", Duration::from_secs(20), || {
+    wait_for("five occurrences after the crash", Duration::from_secs(20), async || {
         by_occurrence(&receiver.of("crash")).len() >= 5
     })
     .await;
@@ -149,11 +143,11 @@ async fn recurring_timers_fire_each_occurrence_once_through_a_crash_a_receiver_o
     req.retry =
         Some(tocsin_client::v1::RetryPolicy { initial_backoff_ms: 1000, max_backoff_ms: 1000, ..Default::default() });
     client.create_timer(req).await.unwrap();
-    wait_for("a failed first occurrence", Duration::from_secs(10), || !receiver.of("outage").is_empty()).await;
+    wait_for("a failed first occurrence", Duration::from_secs(10), async || !receiver.of("outage").is_empty()).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     receiver.answer(200);
     let recovered_ms = now_ms();
-    wait_for("three occurrences after recovery", Duration::from_secs(15), || {
+    wait_for("three occurrences after recovery", Duration::from_secs(15), async || {
         by_occurrence(&receiver.of("outage")).len() >= 3
     })
     .await;

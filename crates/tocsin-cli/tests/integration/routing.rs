@@ -12,16 +12,7 @@ use crate::support::NodeProcess;
 
 /// `tocsin_forwarded_requests_total` of the node whose HTTP API is `http`.
 async fn forwarded(http: &str) -> u64 {
-    let body = tocsin_contract::tls::http_client_builder()
-        .build()
-        .unwrap()
-        .get(format!("http://{http}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let body = crate::support::metrics_text(http).await;
     body.lines()
         .find_map(|l| l.strip_prefix("tocsin_forwarded_requests_total ")?.trim().parse::<f64>().ok())
         .map_or(0, |v| v as u64)

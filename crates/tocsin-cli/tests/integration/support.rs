@@ -312,6 +312,22 @@ impl Receiver {
 }
 
 /// p50/p99/max of a list, for the test's printout.
+/// The Prometheus text a node serves on `http` (its HTTP API address).
+pub async fn metrics_text(http: &str) -> String {
+    let client = tocsin_contract::tls::http_client_builder().build().unwrap();
+    client.get(format!("http://{http}/metrics")).send().await.unwrap().text().await.unwrap()
+}
+
+/// Polls `done` every 50 ms until it holds; fails the test, naming `what`,
+/// if it does not within `limit`.
+pub async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
+    let until = Instant::now() + limit;
+    while !done().await {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub fn percentiles(mut v: Vec<u64>) -> String {
     if v.is_empty() {
         return "no samples".into();

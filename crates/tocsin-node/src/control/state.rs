@@ -325,6 +325,7 @@ impl NodeState {
                 config: self.config.clone(),
                 clock: self.clock.clone(),
                 cluster_id: self.map.cluster_id_cell(),
+                delivery_lag: self.admission.delivery_lag(),
             },
         ));
         self.groups.insert(group, raft);

@@ -62,6 +62,8 @@ pub struct ShardEnv {
     /// The cluster's id, set once this node learns a bootstrapped map
     /// (`MapCache::cluster_id_cell`).
     pub cluster_id: Arc<std::sync::OnceLock<String>>,
+    /// The node's per-namespace delivery waits, which creates are shed on.
+    pub delivery_lag: Arc<crate::admission::DeliveryLag>,
 }
 
 /// Everything about one hosted shard.
@@ -75,6 +77,9 @@ pub struct ShardCtx {
     pub store: Arc<Store>,
     pub config: Arc<NodeConfig>,
     pub clock: Arc<Clock>,
+    /// Where push attempts report how long they waited to be sent
+    /// (`admission::DeliveryLag`).
+    pub delivery_lag: Arc<crate::admission::DeliveryLag>,
     leadership: watch::Sender<Leadership>,
     /// Held while this node changes the shard's voter set, so changes to one
     /// shard's membership never overlap.
@@ -107,7 +112,7 @@ impl ShardCtx {
         events: Arc<EventSink>,
         env: ShardEnv,
     ) -> ShardCtx {
-        let ShardEnv { store, config, clock, cluster_id } = env;
+        let ShardEnv { store, config, clock, cluster_id, delivery_lag } = env;
         let lease = Duration::from_millis(config.raft.election_timeout_max_ms);
         ShardCtx {
             shard,
@@ -119,6 +124,7 @@ impl ShardCtx {
             store,
             config,
             clock,
+            delivery_lag,
             leadership: watch::channel(Leadership::Follower).0,
             membership_change: tokio::sync::Mutex::new(()),
             moving: std::sync::atomic::AtomicBool::new(false),

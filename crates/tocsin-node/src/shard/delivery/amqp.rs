@@ -148,6 +148,7 @@ impl AmqpSender {
             return Some((Err((error, "unknown_broker")), 0));
         };
         let left_ms = attempt::gate(ctx, epoch, until_ms, "amqp").await?;
+        attempt::note_wait(ctx, key, record);
         let body = DeliveryJson::from_record(ctx.cluster_id().unwrap_or_default(), ctx.shard, key, record);
         let mut headers = FieldTable::default();
         headers.insert("tocsin-fire-id".into(), AMQPValue::LongString(body.fire_id.as_str().into()));

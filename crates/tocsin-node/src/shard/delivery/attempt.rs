@@ -11,6 +11,7 @@ use std::time::Duration;
 use tocsin_core::Command;
 use tocsin_core::FireRecord;
 use tocsin_core::TimerKey;
+use tocsin_core::TimerRecord;
 use tocsin_core::command::AttemptOutcome;
 use tocsin_core::command::AttemptReport;
 
@@ -58,6 +59,18 @@ pub async fn gate(ctx: &ShardCtx, epoch: u64, until_ms: u64, sink: &'static str)
             return Some(left_ms);
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Reports how long the attempt waited since it started in replicated
+/// state (for a first attempt, its `Fire`), for a connection slot and for
+/// the lease: right before its send, or when it gave up waiting for a slot.
+/// Creates of a namespace whose attempts wait too long are shed
+/// (`admission::DeliveryLag`).
+pub fn note_wait(ctx: &ShardCtx, key: &TimerKey, record: &TimerRecord) {
+    if let Some(fire) = &record.fire {
+        let wait_ms = ctx.clock.now_ms().saturating_sub(fire.attempt_started_at_ms);
+        ctx.delivery_lag.note(&key.namespace, wait_ms, std::time::Instant::now());
     }
 }
 

@@ -443,6 +443,7 @@ impl WebhookSender {
             Ok(Some(permits)) => permits,
             Ok(None) => return None,
             Err(_) => {
+                attempt::note_wait(ctx, key, record);
                 metrics::counter!("tocsin_webhook_responses_total", "class" => "endpoint_busy").increment(1);
                 let outcome = Outcome::Retry {
                     error: "endpoint busy: no connection slot before the attempt's deadline".into(),
@@ -453,6 +454,7 @@ impl WebhookSender {
         };
 
         let left_ms = attempt::gate(ctx, epoch, until_ms, "webhook").await?;
+        attempt::note_wait(ctx, key, record);
 
         let body = DeliveryJson::from_record(ctx.cluster_id().unwrap_or_default(), ctx.shard, key, record);
         let fire_id = body.fire_id.clone();
