@@ -24,7 +24,8 @@
 //! ([`DeliveryLag`]), per namespace; in a second in which 1% of a
 //! namespace's waits are over `shed_creates_delivery_behind_ms`, that
 //! namespace's creates are refused, and after it they are let in at less
-//! than its deliveries made, a limit that grows while they stay on time.
+//! than its deliveries made lately, a limit that grows while they stay on
+//! time.
 //! Per namespace, because the usual cause of a long wait is one tenant's
 //! slow receiver filling its endpoint's slots: that tenant is told to slow
 //! down, the others are not.
@@ -306,12 +307,17 @@ pub fn shed_for_lag(lag: Duration, shed_after: Duration) -> Result<(), NodeError
 const MAX_DELIVERY_NAMESPACES: usize = 10_000;
 /// The period over which sends are counted and judged.
 const LAG_WINDOW: Duration = Duration::from_secs(1);
-/// A namespace that fell behind is let in at this share of the sends its
-/// deliveries made in the window that fell behind: less than they can
-/// deliver, so the queue in front of them drains.
+/// A namespace that fell behind is let in at this share of the most its
+/// deliveries made in a recent window: less than they can deliver, so the
+/// queue in front of them drains.
 const RATE_DECREASE: f64 = 0.7;
+/// How much of the most sends a window made is still remembered a window
+/// later: the peak follows a receiver that slows for good within a few
+/// seconds, and a window that sent little because everything paused does
+/// not set the limit.
+const PEAK_DECAY: f64 = 0.8;
 /// ... and at this many times its limit more for every window on time (at
-/// most twice what the window delivered).
+/// most twice the recent peak of sends).
 const RATE_INCREASE: f64 = 1.25;
 /// The lowest limit, creates per second (a receiver that delivered
 /// nothing in the window still lets its namespace create a little).
@@ -325,15 +331,19 @@ const RELEASE_AFTER_WINDOWS: u32 = 3;
 ///
 /// Each attempt reports how long it waited between its start in replicated
 /// state and its send ([`DeliveryLag::note`]). A window in which at least
-/// 1% of them waited longer than the bound is *behind*: while it lasts, the namespace's
-/// creates are refused outright; from its end, they are let in at
-/// [`RATE_DECREASE`] of the sends the window made, a limit that grows by
-/// [`RATE_INCREASE`] for each window on time and is lifted after
-/// [`RELEASE_AFTER_WINDOWS`] on time without refusing anything. An on/off
-/// gate alone lets every create waiting on a retry in at once when it
-/// opens, and they all fall due together a timer's delay later: measured,
-/// three nodes offered 10,000 timers/s with 2 s delays went on and off
-/// every few seconds with p99 lateness over 20 s.
+/// 1% of them waited longer than the bound is *behind*: while it lasts,
+/// the namespace's creates are refused outright; from its end they are let
+/// in at [`RATE_DECREASE`] of the recent peak of sends ([`PEAK_DECAY`]), a
+/// limit that grows by [`RATE_INCREASE`] for each window on time and is
+/// lifted after [`RELEASE_AFTER_WINDOWS`] on time without refusing
+/// anything. An on/off gate alone lets every create waiting on a retry in
+/// at once when it opens, and they all fall due together a timer's delay
+/// later: measured, three nodes offered 10,000 timers/s with 2 s delays
+/// went on and off every few seconds with p99 lateness over 20 s. A limit
+/// taken from the sends of the window behind alone fell to the floor when
+/// that window sent little (a pause of the whole node, or a receiver that
+/// hung for a second), and grew back only as fast as the creates it let in
+/// fell due.
 #[derive(Debug)]
 pub struct DeliveryLag {
     base: Instant,
@@ -356,6 +366,9 @@ struct NsDelivery {
     over: u64,
     /// Whether the limit refused a create in the window.
     limited_some: bool,
+    /// The most sends per second of a recent window, decaying by
+    /// [`PEAK_DECAY`] a window.
+    peak_sends_per_sec: f64,
     /// Consecutive finished windows on time with the limit refusing
     /// nothing.
     quiet_windows: u32,
@@ -378,26 +391,32 @@ impl NsDelivery {
         if window <= self.window {
             return;
         }
+        let elapsed = window - self.window;
         let sends_per_sec = self.sends as f64 / LAG_WINDOW.as_secs_f64();
+        // Windows with no report at all are on time and sent nothing.
+        let peak =
+            (self.peak_sends_per_sec * PEAK_DECAY).max(sends_per_sec) * PEAK_DECAY.powi((elapsed - 1).min(64) as i32);
+        let mut limit = self.limit;
+        let mut quiet_windows = self.quiet_windows;
         if self.behind() {
-            // The sends of a window spent behind are what the deliveries
-            // can do: let in less than that.
-            self.limit = Some(((sends_per_sec * RATE_DECREASE).max(MIN_RATE_PER_SEC), 0.0, 0));
-            self.quiet_windows = 0;
-        } else if let Some((rate, tokens, at)) = self.limit {
+            // What the deliveries made at their best lately is what they can
+            // do: let in less than that.
+            limit = Some(((peak * RATE_DECREASE).max(MIN_RATE_PER_SEC), 0.0, 0));
+            quiet_windows = 0;
+        } else if let Some((rate, tokens, at)) = limit {
             // The window that ended was on time, and so was every window
             // after it with no report at all.
-            let on_time = (window - self.window).min(64) as u32;
-            self.quiet_windows = if self.limited_some { on_time - 1 } else { self.quiet_windows + on_time };
-            // Grown by a quarter a window, but never past twice what the
-            // window delivered: creates let in now fall due together later,
-            // and a limit far above what was last delivered would let the
-            // whole backlog of retries in at once (measured: 10,000 in one
-            // second, 3-5 s late two seconds on).
-            let grown = (rate * RATE_INCREASE.powi(on_time as i32)).min((2.0 * sends_per_sec).max(rate));
-            self.limit = (self.quiet_windows < RELEASE_AFTER_WINDOWS).then_some((grown, tokens, at));
+            let on_time = elapsed.min(64) as u32;
+            quiet_windows = if self.limited_some { on_time - 1 } else { quiet_windows + on_time };
+            // Grown by a quarter a window, but never past twice the recent
+            // peak of sends: creates let in now fall due together later,
+            // and a limit far above what was delivered would let the whole
+            // backlog of retries in at once (measured: 10,000 in one second,
+            // 3-5 s late two seconds on).
+            let grown = (rate * RATE_INCREASE.powi(on_time as i32)).min((2.0 * peak).max(rate));
+            limit = (quiet_windows < RELEASE_AFTER_WINDOWS).then_some((grown, tokens, at));
         }
-        *self = NsDelivery { window, limit: self.limit, quiet_windows: self.quiet_windows, ..NsDelivery::default() };
+        *self = NsDelivery { window, limit, quiet_windows, peak_sends_per_sec: peak, ..NsDelivery::default() };
     }
 }
 
@@ -499,6 +518,7 @@ mod tests {
         let lag = DeliveryLag::new(300);
         let t0 = lag.base;
         let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let limit = |lag: &DeliveryLag| lag.namespaces.lock().unwrap()["a"].limit.map(|(r, _, _)| r);
         for _ in 0..50 {
             lag.note("a", 100, t0);
         }
@@ -510,61 +530,73 @@ mod tests {
         lag.note("a", 900, at(20));
         assert_eq!(lag.admit("a", 1, at(30)), Err(DeliveryShed::Behind { wait_ms: 900 }));
         assert_eq!(lag.admit("b", 1, at(30)), Ok(()), "another namespace is not held back");
-        // Phase: from the next window, 70% of the window's 100 sends a
+        // Phase: from the next window, 70% of the peak of 100 sends a
         // second, in bursts of a tenth of that.
         for _ in 0..7 {
             assert_eq!(lag.admit("a", 1, at(1_000)), Ok(()));
         }
         assert_eq!(lag.admit("a", 1, at(1_000)), Err(DeliveryShed::Limited { per_sec: 70, retry_after_ms: 15 }));
         assert_eq!(lag.admit("a", 1, at(1_015)), Ok(()), "a token every 1/70 s");
-        // Phase: windows on time raise the limit by a quarter each (up to
-        // twice what they delivered); three in which it refused nothing
-        // lift it.
+        // Phase: windows on time raise the limit by a quarter each; three
+        // in which it refused nothing lift it.
         for _ in 0..100 {
             lag.note("a", 10, at(1_500));
         }
         assert!(lag.admit("a", 1, at(2_000)).is_ok());
-        assert!(matches!(lag.namespaces.lock().unwrap()["a"].limit, Some((r, _, _)) if (r - 87.5).abs() < 1e-9));
+        assert!(matches!(limit(&lag), Some(r) if (r - 87.5).abs() < 1e-9));
         assert!(lag.admit("a", 1, at(3_000)).is_ok());
         assert!(lag.admit("a", 1, at(4_000)).is_ok());
-        assert!(lag.namespaces.lock().unwrap()["a"].limit.is_some(), "two quiet windows");
+        assert!(limit(&lag).is_some(), "two quiet windows");
         assert!(lag.admit("a", 1, at(5_000)).is_ok());
-        assert_eq!(lag.namespaces.lock().unwrap()["a"].limit, None, "three quiet windows lift it");
+        assert_eq!(limit(&lag), None, "three quiet windows lift it");
         for _ in 0..100 {
             assert_eq!(lag.admit("a", 1, at(5_001)), Ok(()));
         }
     }
 
     #[test]
-    fn a_window_behind_sets_the_limit_from_its_sends_and_growth_follows_deliveries() {
+    fn the_limit_follows_the_recent_peak_of_sends_not_a_window_that_paused() {
         let lag = DeliveryLag::new(300);
         let at = |ms: u64| lag.base + Duration::from_millis(ms);
-        let limit = |lag: &DeliveryLag| lag.namespaces.lock().unwrap()["a"].limit.map(|(r, _, _)| r);
-        // Behind with a single send (a receiver that barely answers): the floor.
-        lag.note("a", 5_000, at(0));
-        assert!(lag.admit("a", 1, at(1_000)).is_ok());
-        assert_eq!(limit(&lag), Some(MIN_RATE_PER_SEC));
-        // Behind again with 1,000 sends: 70% of them.
+        let limit = |lag: &DeliveryLag, ns: &str| lag.namespaces.lock().unwrap()[ns].limit.map(|(r, _, _)| r);
+        // 1,000 sends on time, then a window in which everything paused and
+        // the few sends made had all waited: the limit comes from the peak
+        // (1,000 a second, 800 a window later), not from the 10.
         for _ in 0..1_000 {
-            lag.note("a", 400, at(1_500));
+            lag.note("a", 10, at(500));
         }
+        for _ in 0..10 {
+            lag.note("a", 5_000, at(1_500));
+        }
+        assert!(lag.admit("a", 1, at(1_600)).is_err(), "behind");
         assert!(lag.admit("a", 1, at(2_000)).is_ok());
-        assert_eq!(limit(&lag), Some(700.0));
-        // On time with 400 sends: a quarter more, but not past 800.
-        for _ in 0..400 {
+        assert!(matches!(limit(&lag, "a"), Some(r) if (r - 560.0).abs() < 1e-9), "{:?}", limit(&lag, "a"));
+        // On time with 100 sends: a quarter more (the peak is 640 now).
+        for _ in 0..100 {
             lag.note("a", 10, at(2_500));
         }
         assert!(lag.admit("a", 1, at(3_000)).is_ok());
-        assert_eq!(limit(&lag), Some(800.0));
-        // On time with no sends: no growth.
+        assert!(matches!(limit(&lag, "a"), Some(r) if (r - 700.0).abs() < 1e-9), "{:?}", limit(&lag, "a"));
+        // While it still refuses some, it grows a quarter a window, but
+        // never past twice the decaying peak (512 a second after the next
+        // window, 409.6 after the one after) unless it was already higher.
+        let refuse_some = |ms: u64| assert!((0..100).any(|_| lag.admit("a", 1, at(ms)).is_err()));
+        refuse_some(3_000);
         assert!(lag.admit("a", 1, at(4_000)).is_ok());
-        assert_eq!(limit(&lag), Some(800.0));
-        // A long silence is on time throughout: the limit is gone.
+        assert!(matches!(limit(&lag, "a"), Some(r) if (r - 875.0).abs() < 1e-9), "{:?}", limit(&lag, "a"));
+        refuse_some(4_000);
+        assert!(lag.admit("a", 1, at(5_000)).is_ok());
+        assert!(matches!(limit(&lag, "a"), Some(r) if (r - 875.0).abs() < 1e-9), "{:?}", limit(&lag, "a"));
+        // A receiver that barely answers and has no history: the floor.
+        lag.note("b", 5_000, at(0));
+        assert!(lag.admit("b", 1, at(1_000)).is_ok());
+        assert_eq!(limit(&lag, "b"), Some(MIN_RATE_PER_SEC));
+        // A long silence is on time throughout: the limits are gone.
         for _ in 0..1_000 {
             assert_eq!(lag.admit("a", 1, at(60_000)), Ok(()));
         }
         lag.note("a", 10, at(60_000));
-        assert_eq!(limit(&lag), None);
+        assert_eq!(limit(&lag, "a"), None);
     }
 
     #[test]

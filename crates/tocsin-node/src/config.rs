@@ -484,7 +484,8 @@ pub struct AdmissionConfig {
     /// Creates of a namespace are refused with RESOURCE_EXHAUSTED in a
     /// second in which 1% of its push deliveries from this node waited
     /// longer than this to be sent after their attempt started, and let in
-    /// at a limit below what its deliveries made for a few seconds after
+    /// at a limit below what its deliveries made lately for a few seconds
+    /// after
     /// (0: never; `admission::DeliveryLag`): the node fires on time but
     /// cannot deliver as fast, or the namespace's receiver is slow and its
     /// endpoint's connection slots are full. Other namespaces' creates are
