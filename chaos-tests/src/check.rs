@@ -135,6 +135,9 @@ impl std::fmt::Display for Percentiles {
 pub struct Report {
     pub creates_ok: usize,
     pub creates_unknown: usize,
+    /// The unknown creates by the gRPC code of their last error: how many,
+    /// and the first one's message (what CI prints when a run goes wrong).
+    pub creates_unknown_by_code: std::collections::BTreeMap<String, (usize, String)>,
     pub cancels_cancelled: usize,
     pub cancels_unknown: usize,
     pub must_fire: usize,
@@ -256,6 +259,8 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
             created.insert(&op.id, op.fire_at_ms.max(created_at_ms));
         } else {
             unknown_create.push(&op.id);
+            let by_code = report.creates_unknown_by_code.entry(op.code.clone()).or_insert((0, op.error.clone()));
+            by_code.0 += 1;
         }
     }
     report.creates_ok = created.len();
@@ -506,6 +511,24 @@ mod tests {
         let report = check(&inputs).unwrap();
         std::fs::remove_dir_all(&dir).unwrap();
         report
+    }
+
+    #[test]
+    fn unknown_creates_are_counted_by_their_code_with_the_first_message() {
+        let r = check_lines(
+            "unknown",
+            &[
+                r#"{"op":"create","id":"a","fire_at_ms":1000,"invoke_ms":0,"complete_ms":1,"outcome":"ok","created_at_ms":1}"#,
+                r#"{"op":"create","id":"b","fire_at_ms":1000,"invoke_ms":0,"complete_ms":9,"outcome":"unknown","error":"first","code":"ResourceExhausted"}"#,
+                r#"{"op":"create","id":"c","fire_at_ms":1000,"invoke_ms":0,"complete_ms":9,"outcome":"unknown","error":"second","code":"ResourceExhausted"}"#,
+                r#"{"op":"create","id":"d","fire_at_ms":1000,"invoke_ms":0,"complete_ms":9,"outcome":"unknown","error":"gone","code":"Unavailable"}"#,
+            ],
+            &[r#"{"recv_ms":1005,"verdict":"accepted","id":"a","shard":0,"epoch":1,"fire_id":"f1","fire_at_ms":1000}"#],
+        );
+        assert_eq!(r.creates_unknown, 3);
+        let by_code: Vec<_> =
+            r.creates_unknown_by_code.iter().map(|(c, (n, m))| (c.as_str(), *n, m.as_str())).collect();
+        assert_eq!(by_code, [("ResourceExhausted", 2, "first"), ("Unavailable", 1, "gone")]);
     }
 
     /// Seen in the full matrix (flapping-partitions, 2026-11-26): a `Fire`

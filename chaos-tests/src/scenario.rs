@@ -197,9 +197,13 @@ pub async fn execute(
     }
     let net = Net::create(&hosts)?;
     let mut disks = Disks::default();
+    let data_dirs = match (setup.data_dirs, args.data_tmpfs_mib) {
+        (DataDirs::Plain, Some(size_mib)) => DataDirs::Tmpfs { size_mib },
+        (chosen, _) => chosen,
+    };
     for name in ["n1", "n2", "n3", "n4"] {
         let data = dir.join(format!("{name}-data"));
-        match setup.data_dirs {
+        match data_dirs {
             DataDirs::Plain => {}
             DataDirs::Tmpfs { size_mib } => disks.tmpfs(&data, size_mib)?,
             DataDirs::Loop { size_mib } => disks.loop_ext4(&data, &dir.join(format!("{name}.img")), size_mib)?,
