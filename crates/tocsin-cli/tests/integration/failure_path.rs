@@ -347,13 +347,7 @@ async fn waiting_deliveries_are_bounded_in_bytes() {
     );
     let client = Client::connect([node.grpc.clone()]).await.unwrap();
     let slow = Scripted::start(Script { status: 200, retry_after_s: None, delay_ms: 1_500 }).await;
-    let ids: Vec<String> = (0..5).map(|i| format!("q-{i}")).collect();
-    let fire_at_ms = now_ms() + 500;
-    for id in &ids {
-        let mut t = timer("bounded", id, 0, &slow.url);
-        t.fire_time = Some(pb::create_timer_request::FireTime::FireAtMs(fire_at_ms));
-        client.create_timer(t).await.unwrap();
-    }
+    let ids = create_due_together(&client, "bounded", "q", 5, 500, &slow.url).await;
     // Phase: one is sent, one waits, the other three find the queue full.
     wait_for("three queue_full attempts", Duration::from_secs(10), async || {
         let mut full = 0;
@@ -372,6 +366,26 @@ async fn waiting_deliveries_are_bounded_in_bytes() {
     for id in &ids {
         assert!(!slow.of(id).is_empty(), "{id} never reached the endpoint");
     }
+}
+
+/// Creates `count` timers `{prefix}-{i}` in `ns`, all due `in_ms` from now
+/// at `url`; returns their ids.
+async fn create_due_together(
+    client: &Client,
+    ns: &str,
+    prefix: &str,
+    count: usize,
+    in_ms: u64,
+    url: &str,
+) -> Vec<String> {
+    let ids: Vec<String> = (0..count).map(|i| format!("{prefix}-{i}")).collect();
+    let fire_at_ms = now_ms() + in_ms;
+    for id in &ids {
+        let mut t = timer(ns, id, 0, url);
+        t.fire_time = Some(pb::create_timer_request::FireTime::FireAtMs(fire_at_ms));
+        client.create_timer(t).await.unwrap();
+    }
+    ids
 }
 
 /// One create in `ns` with a single attempt: its error code, if refused, and
@@ -393,13 +407,7 @@ async fn a_namespace_whose_deliveries_wait_has_its_creates_shed_alone() {
 
     // Phase: five timers of one namespace due together at the slow
     // receiver: each waits up to 3.2 s for the slot, past the 300 ms bound.
-    let ids: Vec<String> = (0..5).map(|i| format!("b-{i}")).collect();
-    let fire_at_ms = now_ms() + 300;
-    for id in &ids {
-        let mut t = timer("backlogged", id, 0, &slow.url);
-        t.fire_time = Some(pb::create_timer_request::FireTime::FireAtMs(fire_at_ms));
-        client.create_timer(t).await.unwrap();
-    }
+    let ids = create_due_together(&client, "backlogged", "b", 5, 300, &slow.url).await;
     // Phase: while they wait, that namespace's creates are refused with
     // RESOURCE_EXHAUSTED and a message that says why; another namespace's
     // are taken.
