@@ -513,12 +513,16 @@ mod tests {
     use super::*;
     use crate::runtime::next_lag_average_us;
 
+    /// `ns`'s create limit, creates per second, if it has one.
+    fn limit_of(lag: &DeliveryLag, ns: &str) -> Option<f64> {
+        lag.namespaces.lock().unwrap()[ns].limit.map(|(rate, _, _)| rate)
+    }
+
     #[test]
     fn a_namespace_behind_is_refused_then_let_in_at_a_growing_rate_then_freed() {
         let lag = DeliveryLag::new(300);
         let t0 = lag.base;
         let at = |ms: u64| t0 + Duration::from_millis(ms);
-        let limit = |lag: &DeliveryLag| lag.namespaces.lock().unwrap()["a"].limit.map(|(r, _, _)| r);
         for _ in 0..50 {
             lag.note("a", 100, t0);
         }
@@ -543,12 +547,12 @@ mod tests {
             lag.note("a", 10, at(1_500));
         }
         assert!(lag.admit("a", 1, at(2_000)).is_ok());
-        assert!(matches!(limit(&lag), Some(r) if (r - 87.5).abs() < 1e-9));
+        assert!(matches!(limit_of(&lag, "a"), Some(r) if (r - 87.5).abs() < 1e-9));
         assert!(lag.admit("a", 1, at(3_000)).is_ok());
         assert!(lag.admit("a", 1, at(4_000)).is_ok());
-        assert!(limit(&lag).is_some(), "two quiet windows");
+        assert!(limit_of(&lag, "a").is_some(), "two quiet windows");
         assert!(lag.admit("a", 1, at(5_000)).is_ok());
-        assert_eq!(limit(&lag), None, "three quiet windows lift it");
+        assert_eq!(limit_of(&lag, "a"), None, "three quiet windows lift it");
         for _ in 0..100 {
             assert_eq!(lag.admit("a", 1, at(5_001)), Ok(()));
         }
@@ -558,7 +562,6 @@ mod tests {
     fn the_limit_follows_the_recent_peak_of_sends_not_a_window_that_paused() {
         let lag = DeliveryLag::new(300);
         let at = |ms: u64| lag.base + Duration::from_millis(ms);
-        let limit = |lag: &DeliveryLag, ns: &str| lag.namespaces.lock().unwrap()[ns].limit.map(|(r, _, _)| r);
         // 1,000 sends on time, then a window in which everything paused and
         // the few sends made had all waited: the limit comes from the peak
         // (1,000 a second, 800 a window later), not from the 10.
@@ -570,33 +573,33 @@ mod tests {
         }
         assert!(lag.admit("a", 1, at(1_600)).is_err(), "behind");
         assert!(lag.admit("a", 1, at(2_000)).is_ok());
-        assert!(matches!(limit(&lag, "a"), Some(r) if (r - 560.0).abs() < 1e-9), "{:?}", limit(&lag, "a"));
+        assert!(matches!(limit_of(&lag, "a"), Some(r) if (r - 560.0).abs() < 1e-9), "{:?}", limit_of(&lag, "a"));
         // On time with 100 sends: a quarter more (the peak is 640 now).
         for _ in 0..100 {
             lag.note("a", 10, at(2_500));
         }
         assert!(lag.admit("a", 1, at(3_000)).is_ok());
-        assert!(matches!(limit(&lag, "a"), Some(r) if (r - 700.0).abs() < 1e-9), "{:?}", limit(&lag, "a"));
+        assert!(matches!(limit_of(&lag, "a"), Some(r) if (r - 700.0).abs() < 1e-9), "{:?}", limit_of(&lag, "a"));
         // While it still refuses some, it grows a quarter a window, but
         // never past twice the decaying peak (512 a second after the next
         // window, 409.6 after the one after) unless it was already higher.
         let refuse_some = |ms: u64| assert!((0..100).any(|_| lag.admit("a", 1, at(ms)).is_err()));
         refuse_some(3_000);
         assert!(lag.admit("a", 1, at(4_000)).is_ok());
-        assert!(matches!(limit(&lag, "a"), Some(r) if (r - 875.0).abs() < 1e-9), "{:?}", limit(&lag, "a"));
+        assert!(matches!(limit_of(&lag, "a"), Some(r) if (r - 875.0).abs() < 1e-9), "{:?}", limit_of(&lag, "a"));
         refuse_some(4_000);
         assert!(lag.admit("a", 1, at(5_000)).is_ok());
-        assert!(matches!(limit(&lag, "a"), Some(r) if (r - 875.0).abs() < 1e-9), "{:?}", limit(&lag, "a"));
+        assert!(matches!(limit_of(&lag, "a"), Some(r) if (r - 875.0).abs() < 1e-9), "{:?}", limit_of(&lag, "a"));
         // A receiver that barely answers and has no history: the floor.
         lag.note("b", 5_000, at(0));
         assert!(lag.admit("b", 1, at(1_000)).is_ok());
-        assert_eq!(limit(&lag, "b"), Some(MIN_RATE_PER_SEC));
+        assert_eq!(limit_of(&lag, "b"), Some(MIN_RATE_PER_SEC));
         // A long silence is on time throughout: the limits are gone.
         for _ in 0..1_000 {
             assert_eq!(lag.admit("a", 1, at(60_000)), Ok(()));
         }
         lag.note("a", 10, at(60_000));
-        assert_eq!(limit(&lag, "a"), None);
+        assert_eq!(limit_of(&lag, "a"), None);
     }
 
     #[test]
