@@ -407,6 +407,7 @@ fn shared_state(
         map,
         moves: Arc::new(tokio::sync::Semaphore::new(MOVES_AT_ONCE)),
         shutting_down: AtomicBool::new(false),
+        campaigning: Default::default(),
     }))
 }
 

@@ -259,11 +259,11 @@ pub async fn watch_health(node: Arc<NodeState>) {
             was_unsafe = is_unsafe;
         }
         let disk_low = node.admission.disk_low();
+        // Not campaigning while off: every group's timer asks
+        // (`shard::raft_timer`).
+        node.campaigning.set(!is_unsafe);
         let groups = node.groups.all();
         for (group, raft) in &groups {
-            // Not campaigning while off; groups hosted since are covered on the
-            // next round.
-            raft.runtime_config().elect(!is_unsafe);
             if !(is_unsafe || disk_low) || raft.metrics().borrow_watched().current_leader != Some(node.node_id) {
                 continue;
             }

@@ -78,6 +78,9 @@ pub struct NodeState {
     /// `reconcile.rs`).
     pub moves: Arc<tokio::sync::Semaphore>,
     pub(crate) shutting_down: AtomicBool,
+    /// Whether this node's groups may campaign (`shard::raft_timer`): not
+    /// while its clock is off from its peers (`balance::watch_clock`).
+    pub(crate) campaigning: crate::shard::raft_timer::Campaigning,
 }
 
 impl NodeState {
@@ -369,7 +372,9 @@ impl NodeState {
             .await
             .map_err(|e| raft_error(e.to_string()))?
             .map_err(|e| raft_error(e.to_string()))?;
-        tokio::spawn(crate::shard::raft::tick_only_with_peers(raft.clone(), node_id));
+        // openraft's tick is off: this times the group's heartbeats and
+        // elections, at the Raft threads' priority.
+        self.raft_runtime.spawn(crate::shard::raft_timer::drive(raft.clone(), node_id, self.campaigning.clone()));
         Ok(raft)
     }
 

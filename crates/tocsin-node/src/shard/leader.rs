@@ -92,7 +92,7 @@ impl LeaderTask {
 pub async fn supervise(ctx: Arc<ShardCtx>, dispatcher: Arc<Dispatcher>) {
     // The server metrics change only with the vote, state, leader or
     // membership. openraft publishes its full metrics after every step of
-    // its core (every tick, about 100 times a second per group, and every
+    // its core (every heartbeat, 25 times a second per group, and every
     // write): watching those would wake this task, across runtimes, that
     // often for every shard.
     let mut metrics = ctx.raft.server_metrics();

@@ -22,6 +22,7 @@ pub mod leader;
 pub mod link;
 pub mod proposer;
 pub mod raft;
+pub mod raft_timer;
 
 use openraft::async_runtime::WatchReceiver as _;
 use std::sync::Arc;

@@ -80,38 +80,6 @@ pub fn metadata_config(tuning: &RaftTuning) -> Arc<openraft::Config> {
     openraft_config(&slower)
 }
 
-/// Keeps openraft's ticks off while this node leads a group that has no
-/// other member, for the group's life (spawned with every group).
-///
-/// openraft ticks every group every `heartbeat_ms * 13 / 64` (8 ms by
-/// default) to time elections and heartbeats. The leader of a group with no
-/// other member has neither to do, and those ticks were most of an idle
-/// one-node cluster's CPU (3.6% of a core for 16 shards). Any other member
-/// (a learner being added, a voter) turns them on again before it needs
-/// them: adding one is a membership change, which these metrics show.
-pub async fn tick_only_with_peers(raft: Raft, node_id: u64) {
-    use openraft::async_runtime::WatchReceiver as _;
-    let mut metrics = raft.server_metrics();
-    let mut ticking = true;
-    loop {
-        let alone_leader = {
-            let m = metrics.borrow_and_update();
-            let membership = m.membership_config.membership();
-            m.state == openraft::ServerState::Leader
-                && m.current_leader == Some(node_id)
-                && membership.voter_ids().eq([node_id])
-                && membership.learner_ids().next().is_none()
-        };
-        if ticking == alone_leader {
-            ticking = !ticking;
-            raft.runtime_config().tick(ticking);
-        }
-        if metrics.changed().await.is_err() {
-            return;
-        }
-    }
-}
-
 /// openraft's config for every group, from the node's tuning.
 pub fn openraft_config(tuning: &RaftTuning) -> Arc<openraft::Config> {
     let config = openraft::Config {

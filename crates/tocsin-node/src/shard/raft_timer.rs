@@ -1,0 +1,332 @@
+//! Every group's Raft timer, in place of openraft's tick.
+//!
+//! openraft ticks each group every `heartbeat_ms * 13 / 64` (8 ms at the
+//! default 40 ms) to see whether a heartbeat or an election is due. With
+//! 16 groups per node that is 2,000 wake-ups a second of a tick task and a
+//! core each, whatever the groups do, and the groups' heartbeats leave at
+//! different phases, so they rarely share a link frame: an idle node of a
+//! three-node cluster spent 5-6% of a core on it (BENCHMARKS.md, "Cores").
+//!
+//! Here openraft's tick is off for good and one task per group wakes only
+//! when something is due ([`next_step`], pure: the group's role and vote
+//! clock in, what to do and when out):
+//!
+//! - **A leader with a peer** (voter or learner) sends a heartbeat every
+//!   `heartbeat_ms`, on a grid every group of the node shares
+//!   ([`next_heartbeat_at`]): the node's heartbeats to a peer leave
+//!   together and share one link frame. A leader alone needs none.
+//! - **A voter that does not lead** campaigns at openraft's own deadline
+//!   (`handle_tick_election`): the vote's last update, plus its lease (the
+//!   election timeout max while the vote is an established leader's), plus
+//!   an election timeout drawn from [min, max) per campaign
+//!   ([`election_deadline`]). The vote clock is openraft's, read from its
+//!   core at the deadline, so everything that defers an election there
+//!   (appends, heartbeats, snapshots from the leader, a granted vote)
+//!   defers it here, and the deadline is met to the millisecond instead of
+//!   the next tick. A campaign starts with a pre-vote (a lone voter's need
+//!   not), as with openraft's `enable_pre_vote`: openraft's tick also holds
+//!   back a voter that has seen a longer log than its own (for twice the
+//!   max), which this cannot see; such a voter's pre-vote is refused
+//!   without a new term, and the voter with the longest log still wins at
+//!   its own deadline.
+//! - **A learner** waits for a membership change.
+//!
+//! A node whose clock is off from its peers does not campaign
+//! ([`Campaigning`], set by `control::balance`): openraft's `elect(false)`
+//! only stops its tick, and a triggered election ignores it.
+
+use std::sync::Arc;
+use std::sync::LazyLock;
+use std::sync::atomic::AtomicBool;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use openraft::ServerState;
+use rand::Rng as _;
+use tocsin_store::Raft;
+use tokio::time::Instant;
+
+/// The node-wide origin of the heartbeat grid.
+static GRID_BASE: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// Whether this node may campaign: false while its clock is off from its
+/// peers (`control::balance::watch_clock`). Shared by all its groups.
+#[derive(Clone, Debug)]
+pub struct Campaigning(Arc<AtomicBool>);
+
+impl Default for Campaigning {
+    fn default() -> Self {
+        Campaigning(Arc::new(AtomicBool::new(true)))
+    }
+}
+
+impl Campaigning {
+    pub fn set(&self, allowed: bool) {
+        self.0.store(allowed, Ordering::Relaxed);
+    }
+
+    pub fn allowed(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+/// A group's role, as far as its timer is concerned.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// Leads, with at least one other member (voter or learner).
+    Leader,
+    /// Leads, and is the group's only member: nothing to time.
+    LoneLeader,
+    /// A voter that does not lead; `lone` when it is the only voter.
+    Voter { lone: bool },
+    /// Not a voter (a learner, or removed): never campaigns.
+    NotVoter,
+}
+
+/// The group's role from openraft's server metrics.
+pub fn role_of(m: &openraft::metrics::RaftServerMetrics<tocsin_store::TypeConfig>, node_id: u64) -> Role {
+    let membership = m.membership_config.membership();
+    let voter = membership.voter_ids().any(|v| v == node_id);
+    let lone_voter = voter && membership.voter_ids().count() == 1;
+    if m.state == ServerState::Leader && m.current_leader == Some(node_id) {
+        if lone_voter && membership.learner_ids().next().is_none() { Role::LoneLeader } else { Role::Leader }
+    } else if voter {
+        Role::Voter { lone: lone_voter }
+    } else {
+        Role::NotVoter
+    }
+}
+
+/// The group's timings, from its openraft config.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Timings {
+    pub heartbeat: Duration,
+    pub election_min: Duration,
+    pub election_max: Duration,
+}
+
+impl Timings {
+    pub fn of(config: &openraft::Config) -> Timings {
+        Timings {
+            heartbeat: Duration::from_millis(config.heartbeat_interval),
+            election_min: Duration::from_millis(config.election_timeout_min),
+            election_max: Duration::from_millis(config.election_timeout_max),
+        }
+    }
+
+    /// A fresh election timeout, from [min, max).
+    fn draw(&self) -> Duration {
+        let min = self.election_min.as_millis() as u64;
+        let max = (self.election_max.as_millis() as u64).max(min + 1);
+        Duration::from_millis(rand::rng().random_range(min..max))
+    }
+}
+
+/// The first grid line strictly after `now`: `base` plus a whole number of
+/// `every`.
+pub fn next_heartbeat_at(now: Instant, base: Instant, every: Duration) -> Instant {
+    let every_us = every.as_micros().max(1);
+    let since_us = now.saturating_duration_since(base).as_micros();
+    let lines = since_us / every_us + 1;
+    base + Duration::from_micros((lines * every_us) as u64)
+}
+
+/// When a voter campaigns, by openraft's rule: the vote's last update, plus
+/// the lease of an established leader's vote (a candidate's vote has none),
+/// plus the drawn election timeout. A vote never updated since the group
+/// started counts from `started`.
+pub fn election_deadline(
+    vote_updated: Option<Instant>,
+    leader_vote: bool,
+    lease: Duration,
+    drawn: Duration,
+    started: Instant,
+) -> Instant {
+    match vote_updated {
+        Some(at) => at + if leader_vote { lease } else { Duration::ZERO } + drawn,
+        None => started + drawn,
+    }
+}
+
+/// What a group's timer does next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Nothing is due until the role changes.
+    Idle,
+    /// Send a heartbeat at this instant.
+    HeartbeatAt(Instant),
+    /// Read the vote clock again at this instant.
+    CheckAt(Instant),
+    /// Campaign now, with a pre-vote round first or not.
+    Elect { pre_vote: bool },
+}
+
+/// The vote clock as openraft's core reports it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VoteClock {
+    pub updated: Option<Instant>,
+    /// The vote is an established leader's (committed), so it holds a lease.
+    pub leader_vote: bool,
+}
+
+/// What to do next, at `now`, for a group in `role` whose vote clock reads
+/// `vote` (only a voter's is read), with `drawn` as the current election
+/// timeout. Pure: no clock, no I/O.
+pub fn next_step(
+    role: Role,
+    now: Instant,
+    vote: Option<VoteClock>,
+    timings: Timings,
+    drawn: Duration,
+    started: Instant,
+    grid_base: Instant,
+) -> Step {
+    match role {
+        Role::LoneLeader | Role::NotVoter => Step::Idle,
+        Role::Leader => Step::HeartbeatAt(next_heartbeat_at(now, grid_base, timings.heartbeat)),
+        // openraft's tick elects a lone voter at once, lease or not.
+        Role::Voter { lone: true } => Step::Elect { pre_vote: false },
+        Role::Voter { lone: false } => {
+            let Some(vote) = vote else { return Step::CheckAt(now) };
+            let deadline = election_deadline(vote.updated, vote.leader_vote, timings.election_max, drawn, started);
+            if now >= deadline { Step::Elect { pre_vote: true } } else { Step::CheckAt(deadline) }
+        }
+    }
+}
+
+/// Drives `raft`'s heartbeats and elections for the group's life (see the
+/// module doc). Spawned on the Raft runtime with every group.
+pub async fn drive(raft: Raft, node_id: u64, campaigning: Campaigning) {
+    use openraft::async_runtime::WatchReceiver as _;
+    raft.runtime_config().tick(false);
+    let timings = Timings::of(raft.config());
+    let grid_base = *GRID_BASE;
+    let started = Instant::now();
+    let mut drawn = timings.draw();
+    let mut metrics = raft.server_metrics();
+    loop {
+        let role = role_of(&metrics.borrow_and_update(), node_id);
+        let vote = match role {
+            Role::Voter { lone: false } => match raft
+                .with_raft_state(|st| {
+                    use openraft::Instant as _;
+                    // openraft's instant wraps tokio's, privately: the same
+                    // moment, as an age.
+                    let now = Instant::now();
+                    VoteClock {
+                        updated: st.vote_last_modified().map(|at| now - at.elapsed()),
+                        leader_vote: st.vote_ref().is_committed(),
+                    }
+                })
+                .await
+            {
+                Ok(vote) => Some(vote),
+                // The core stopped: nothing left to time.
+                Err(_) => return,
+            },
+            _ => None,
+        };
+        let now = Instant::now();
+        let wake_at = match next_step(role, now, vote, timings, drawn, started, grid_base) {
+            Step::Idle => None,
+            Step::HeartbeatAt(at) | Step::CheckAt(at) => Some(at),
+            Step::Elect { pre_vote } => {
+                if campaigning.allowed() && raft.trigger().elect(pre_vote).await.is_err() {
+                    return;
+                }
+                // A campaign draws a new timeout, and the next one waits a
+                // whole timeout: a pre-vote does not move the vote clock, and
+                // a lone voter's election is decided by the next metrics.
+                drawn = timings.draw();
+                Some(now + drawn)
+            }
+        };
+        let changed = match wake_at {
+            None => metrics.changed().await.is_ok(),
+            Some(at) => tokio::select! {
+                changed = metrics.changed() => changed.is_ok(),
+                () = tokio::time::sleep_until(at) => {
+                    if role == Role::Leader && raft.trigger().heartbeat().await.is_err() {
+                        return;
+                    }
+                    true
+                }
+            },
+        };
+        if !changed {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: Timings = Timings {
+        heartbeat: Duration::from_millis(40),
+        election_min: Duration::from_millis(100),
+        election_max: Duration::from_millis(130),
+    };
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn heartbeats_fall_on_one_grid_for_every_group() {
+        let base = Instant::now();
+        // Two groups that ask at different moments wake at the same line.
+        assert_eq!(next_heartbeat_at(base + ms(1), base, ms(40)), base + ms(40));
+        assert_eq!(next_heartbeat_at(base + ms(39), base, ms(40)), base + ms(40));
+        // On a line, the next one: a heartbeat just sent is not sent again.
+        assert_eq!(next_heartbeat_at(base + ms(40), base, ms(40)), base + ms(80));
+        assert_eq!(next_heartbeat_at(base, base, ms(40)), base + ms(40));
+    }
+
+    #[test]
+    fn a_follower_campaigns_at_openrafts_deadline_lease_plus_draw() {
+        let start = Instant::now();
+        let heard = start + ms(1_000);
+        let vote = Some(VoteClock { updated: Some(heard), leader_vote: true });
+        let step = |now| next_step(Role::Voter { lone: false }, now, vote, T, ms(110), start, start);
+        // Heard from the leader at 1,000: lease 130 + drawn 110.
+        assert_eq!(step(heard + ms(10)), Step::CheckAt(heard + ms(240)));
+        assert_eq!(step(heard + ms(239)), Step::CheckAt(heard + ms(240)));
+        assert_eq!(step(heard + ms(240)), Step::Elect { pre_vote: true });
+        // A candidate's vote holds no lease: only the draw.
+        let candidate = Some(VoteClock { updated: Some(heard), leader_vote: false });
+        assert_eq!(
+            next_step(Role::Voter { lone: false }, heard + ms(50), candidate, T, ms(110), start, start),
+            Step::CheckAt(heard + ms(110))
+        );
+        // A vote never updated counts from the group's start.
+        let fresh = Some(VoteClock { updated: None, leader_vote: false });
+        assert_eq!(
+            next_step(Role::Voter { lone: false }, start + ms(5), fresh, T, ms(120), start, start),
+            Step::CheckAt(start + ms(120))
+        );
+    }
+
+    #[test]
+    fn leaders_heartbeat_lone_voters_elect_at_once_and_others_wait() {
+        let start = Instant::now();
+        let now = start + ms(95);
+        assert_eq!(next_step(Role::Leader, now, None, T, ms(100), start, start), Step::HeartbeatAt(start + ms(120)));
+        assert_eq!(next_step(Role::LoneLeader, now, None, T, ms(100), start, start), Step::Idle);
+        assert_eq!(next_step(Role::NotVoter, now, None, T, ms(100), start, start), Step::Idle);
+        let vote = Some(VoteClock { updated: Some(now), leader_vote: true });
+        assert_eq!(
+            next_step(Role::Voter { lone: true }, now, vote, T, ms(100), start, start),
+            Step::Elect { pre_vote: false }
+        );
+    }
+
+    #[test]
+    fn draws_stay_within_the_configured_range() {
+        for _ in 0..1_000 {
+            let d = T.draw();
+            assert!(d >= T.election_min && d < T.election_max, "{d:?}");
+        }
+    }
+}
