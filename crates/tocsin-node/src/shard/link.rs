@@ -7,7 +7,8 @@
 //! on loopback before the peer does any work (measured: appends answered in
 //! 0.33 ms by the follower took 1.44 ms end to end), and every shard's
 //! heartbeats pay it twenty times a second. The link writes whatever
-//! messages are queued as one frame, so a busy link carries many groups'
+//! messages are queued as one frame (a lone message waits one turn of the
+//! runtime for company first), so a busy link carries many groups'
 //! appends and heartbeats per write, and a message costs a queue push, a
 //! frame slot and a map entry.
 //!
@@ -369,11 +370,22 @@ async fn write_frames<T: FrameItem, W: AsyncWrite + Unpin>(
     while let Some(first) = queue.recv().await {
         let mut bytes = first.size();
         let mut items = vec![first];
+        let mut yielded = false;
         while items.len() < MAX_ITEMS_PER_FRAME && bytes < FRAME_SOFT_BYTES {
             match queue.try_recv() {
                 Ok(item) => {
                     bytes += item.size();
                     items.push(item);
+                }
+                // The first message's sender woke this task, and tokio runs a
+                // task just woken next (its LIFO slot), ahead of the other
+                // groups' tasks that are about to queue theirs (a heartbeat
+                // round, replies to a frame of requests): yield once, so
+                // they do and share this frame. A lone message waits one
+                // turn of the runtime.
+                Err(_) if !yielded && items.len() == 1 => {
+                    yielded = true;
+                    tokio::task::yield_now().await;
                 }
                 Err(_) => break,
             }
