@@ -157,7 +157,7 @@ impl Admission {
         }
         shed_for_lag(self.scheduling_lag(), Duration::from_millis(self.config.shed_creates_lag_ms))?;
         self.delivery_lag.admit(namespace, count, Instant::now()).map_err(|shed| {
-            metrics::counter!("tocsin_creates_shed_total", "reason" => ShedReason::DeliveryBehind.label()).increment(1);
+            metrics::counter!("tocsin_creates_shed_total", "reason" => DELIVERY_BEHIND_LABEL).increment(1);
             match shed {
                 DeliveryShed::Behind { wait_ms } => NodeError::ResourceExhausted {
                     message: format!(
@@ -243,7 +243,10 @@ fn take<K: std::hash::Hash + Eq + Clone>(
     }
 }
 
-/// Why a create was shed: the `reason` label of `tocsin_creates_shed_total`.
+/// A delay measured against a bound, for which [`shed`] refuses a create:
+/// the `reason` label of `tocsin_creates_shed_total`. The delivery shed
+/// ([`DeliveryLag`]) decides and hints for itself and counts under
+/// [`DELIVERY_BEHIND_LABEL`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ShedReason {
     /// The shard's proposal queue head waited past `shed_creates_after_ms`.
@@ -253,11 +256,13 @@ pub enum ShedReason {
     /// The shard's fire loop has been leaving due timers unfired for want
     /// of batches for longer than `shed_creates_fire_behind_ms`.
     FireBehind,
-    /// 1% of the namespace's push attempts on this node in a second waited
-    /// longer than `shed_creates_delivery_behind_ms` to be sent, or its
-    /// creates are over the limit that followed ([`DeliveryLag`]).
-    DeliveryBehind,
 }
+
+/// The `reason` label of a create shed because 1% of its namespace's push
+/// attempts on this node in a second waited longer than
+/// `shed_creates_delivery_behind_ms` to be sent, or because its creates are
+/// over the limit that followed ([`DeliveryLag`]).
+pub const DELIVERY_BEHIND_LABEL: &str = "delivery_behind";
 
 impl ShedReason {
     fn label(self) -> &'static str {
@@ -265,7 +270,6 @@ impl ShedReason {
             ShedReason::QueueDelay => "queue_delay",
             ShedReason::SchedulingLag => "scheduling_lag",
             ShedReason::FireBehind => "fire_behind",
-            ShedReason::DeliveryBehind => "delivery_behind",
         }
     }
 
@@ -273,7 +277,7 @@ impl ShedReason {
     /// an average over the whole node and clears more slowly than a queue.
     fn hint_factor(self) -> u32 {
         match self {
-            ShedReason::QueueDelay | ShedReason::FireBehind | ShedReason::DeliveryBehind => 1,
+            ShedReason::QueueDelay | ShedReason::FireBehind => 1,
             ShedReason::SchedulingLag => 4,
         }
     }
