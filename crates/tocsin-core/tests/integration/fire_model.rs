@@ -444,6 +444,38 @@ proptest! {
 
 /// Finding 6: a page boundary inside one millisecond, between keys whose
 /// index order differs from their string order, must not skip a timer.
+/// The paced tests' config: a 5 s hot window and `load_page` entries a
+/// page, with the given retry and catch-up budgets.
+fn paced_config(load_page: usize, retries_per_sec: u32, catch_up_after_ms: u64, catch_up_per_sec: u32) -> FireConfig {
+    FireConfig {
+        hot_window_ms: WINDOW_MS,
+        load_page,
+        max_tracked: 10_000,
+        retry_delay_ms: 20,
+        retries_per_namespace_per_sec: retries_per_sec,
+        catch_up_after_ms,
+        catch_up_per_namespace_per_sec: catch_up_per_sec,
+    }
+}
+
+/// The keys a poll's actions fire, and the actions that are not fires.
+fn split_fires(actions: Vec<Action>) -> (Vec<TimerKey>, Vec<Action>) {
+    let mut keys = Vec::new();
+    let mut rest = Vec::new();
+    for a in actions {
+        match a {
+            Action::Fire(f) => keys.extend(f.into_iter().map(|(k, _)| k)),
+            other => rest.push(other),
+        }
+    }
+    (keys, rest)
+}
+
+/// The keys a poll's actions fire.
+fn fired(actions: Vec<Action>) -> Vec<TimerKey> {
+    split_fires(actions).0
+}
+
 #[test]
 fn a_page_boundary_inside_one_millisecond_skips_nothing() {
     let mut world = World::new();
@@ -496,15 +528,7 @@ fn a_late_fire_outcome_never_overwrites_a_newer_due_time() {
 /// reservations that ran out (consumers that left) are never held behind it.
 #[test]
 fn retries_are_paced_and_first_fires_are_not() {
-    let config = FireConfig {
-        hot_window_ms: WINDOW_MS,
-        load_page: 1_000,
-        max_tracked: 10_000,
-        retry_delay_ms: 20,
-        retries_per_namespace_per_sec: 10,
-        catch_up_after_ms: 0,
-        catch_up_per_namespace_per_sec: 0,
-    };
+    let config = paced_config(1_000, 10, 0, 0);
     let now = 1_000_000;
     let mut core = FireCore::new(config, EPOCH, now);
     let mut entries = Vec::new();
@@ -521,15 +545,6 @@ fn retries_are_paced_and_first_fires_are_not() {
         entries.push((DuePos { due_ms: now - 1, key }, DueKind::Attempt { epoch: EPOCH, webhook: false }));
     }
     entries.sort_by(|a, b| a.0.cmp(&b.0));
-    let fired = |actions: Vec<Action>| -> Vec<TimerKey> {
-        actions
-            .into_iter()
-            .flat_map(|a| match a {
-                Action::Fire(f) => f.into_iter().map(|(k, _)| k).collect(),
-                _ => Vec::new(),
-            })
-            .collect()
-    };
     let _ = core.poll(now, 0, 100);
     core.on_page(1, entries, now + WINDOW_MS);
     // Phase: at once, every first fire and one second's worth of retries.
@@ -557,15 +572,7 @@ fn retries_are_paced_and_first_fires_are_not() {
 /// namespace or another, are not held behind them.
 #[test]
 fn a_late_backlog_catches_up_at_its_namespace_rate() {
-    let config = FireConfig {
-        hot_window_ms: WINDOW_MS,
-        load_page: 1_000,
-        max_tracked: 10_000,
-        retry_delay_ms: 20,
-        retries_per_namespace_per_sec: 10,
-        catch_up_after_ms: 60_000,
-        catch_up_per_namespace_per_sec: 20,
-    };
+    let config = paced_config(1_000, 10, 60_000, 20);
     let now = 10_000_000;
     let mut core = FireCore::new(config, EPOCH, now);
     let mut entries = Vec::new();
@@ -584,15 +591,6 @@ fn a_late_backlog_catches_up_at_its_namespace_rate() {
         entries.push((DuePos { due_ms: now - 120_000, key }, DueKind::Fire));
     }
     entries.sort_by(|a, b| a.0.cmp(&b.0));
-    let fired = |actions: Vec<Action>| -> Vec<TimerKey> {
-        actions
-            .into_iter()
-            .flat_map(|a| match a {
-                Action::Fire(f) => f.into_iter().map(|(k, _)| k).collect(),
-                _ => Vec::new(),
-            })
-            .collect()
-    };
     let _ = core.poll(now, 0, 100);
     core.on_page(1, entries, now + WINDOW_MS);
     // Phase: at once, the recent ones and a second's worth per namespace.
@@ -623,15 +621,7 @@ fn a_late_backlog_catches_up_at_its_namespace_rate() {
 /// namespace's retry budget. `behind_ms` is how long it has been so.
 #[test]
 fn the_fire_path_is_behind_only_while_the_fire_budget_leaves_due_timers() {
-    let config = FireConfig {
-        hot_window_ms: WINDOW_MS,
-        load_page: 10_000,
-        max_tracked: 10_000,
-        retry_delay_ms: 20,
-        retries_per_namespace_per_sec: 10,
-        catch_up_after_ms: 0,
-        catch_up_per_namespace_per_sec: 0,
-    };
+    let config = paced_config(10_000, 10, 0, 0);
     let now = 10_000_000;
     let mut core = FireCore::new(config, EPOCH, now);
     let mut entries = Vec::new();
@@ -649,25 +639,23 @@ fn the_fire_path_is_behind_only_while_the_fire_budget_leaves_due_timers() {
         entries.push((DuePos { due_ms: now + 1_000, key: TimerKey::new("burst", format!("b-{i:04}")) }, DueKind::Fire));
     }
     entries.sort_by(|a, b| a.0.cmp(&b.0));
-    let fired = |actions: Vec<Action>| -> usize {
-        actions.into_iter().map(|a| if let Action::Fire(f) = a { f.len() } else { 0 }).sum()
-    };
+    let fired_count = |actions: Vec<Action>| fired(actions).len();
     let _ = core.poll(now, 0, 100);
     core.on_page(1, entries, now + WINDOW_MS);
     // Phase: the late ones and a second of retries go at once; the rest of
     // the retries wait for their budget, and that is not being behind.
-    assert_eq!(fired(core.poll(now, 400, 100)), 60);
+    assert_eq!(fired_count(core.poll(now, 400, 100)), 60);
     assert_eq!(core.behind_ms(), 0);
     assert_eq!(core.deferred(), 190);
-    assert_eq!(fired(core.poll(now + 500, 400, 100)), 5);
+    assert_eq!(fired_count(core.poll(now + 500, 400, 100)), 5);
     assert_eq!(core.behind_ms(), 0, "paced retries are not the fire path's backlog");
     // Phase: the burst comes due with a budget of 300 per poll.
     let t = now + 1_000;
-    assert!(fired(core.poll(t, 300, 100)) <= 300);
+    assert!(fired_count(core.poll(t, 300, 100)) <= 300);
     assert_eq!(core.behind_ms(), 0, "behind since this poll");
-    assert_eq!(fired(core.poll(t + 40, 0, 100)), 0, "batches in flight: no budget");
+    assert_eq!(fired_count(core.poll(t + 40, 0, 100)), 0, "batches in flight: no budget");
     assert_eq!(core.behind_ms(), 40);
-    assert_eq!(fired(core.poll(t + 90, 300, 100)), 300);
+    assert_eq!(fired_count(core.poll(t + 90, 300, 100)), 300);
     assert_eq!(core.behind_ms(), 90);
     // Phase: the budget catches up with the burst, and the fire path is
     // not behind any more.
@@ -687,15 +675,7 @@ fn the_fire_path_is_behind_only_while_the_fire_budget_leaves_due_timers() {
 /// index from the start again and they fire, late.
 #[test]
 fn a_paused_namespace_fires_nothing_until_resumed() {
-    let config = FireConfig {
-        hot_window_ms: WINDOW_MS,
-        load_page: 1_000,
-        max_tracked: 10_000,
-        retry_delay_ms: 20,
-        retries_per_namespace_per_sec: 0,
-        catch_up_after_ms: 0,
-        catch_up_per_namespace_per_sec: 0,
-    };
+    let config = paced_config(1_000, 0, 0, 0);
     let now = 5_000_000;
     let mut core = FireCore::new(config, EPOCH, now);
     core.set_paused(["paused".to_string()].into());
@@ -705,21 +685,10 @@ fn a_paused_namespace_fires_nothing_until_resumed() {
             (DuePos { due_ms: now + i * 10, key: TimerKey::new(ns, format!("t-{i}")) }, DueKind::Fire)
         })
         .collect();
-    let fired = |actions: Vec<Action>| -> (Vec<TimerKey>, Vec<Action>) {
-        let mut keys = Vec::new();
-        let mut rest = Vec::new();
-        for a in actions {
-            match a {
-                Action::Fire(f) => keys.extend(f.into_iter().map(|(k, _)| k)),
-                other => rest.push(other),
-            }
-        }
-        (keys, rest)
-    };
     let _ = core.poll(now, 0, 100);
     core.on_page(1, entries.clone(), now + WINDOW_MS);
     // Phase: paused for a minute: only the live namespace fires.
-    let (keys, rest) = fired(core.poll(now + 60_000, 10_000, 100));
+    let (keys, rest) = split_fires(core.poll(now + 60_000, 10_000, 100));
     assert_eq!(keys.len(), 5);
     assert!(keys.iter().all(|k| k.namespace == "live"));
     // The window moved on: answer its page (nothing new in it).
@@ -733,12 +702,12 @@ fn a_paused_namespace_fires_nothing_until_resumed() {
     // Phase: resumed: the next poll loads the index from the start, and the
     // page (the paused timers are still in it) fires them.
     core.set_paused(Default::default());
-    let (keys, rest) = fired(core.poll(now + 60_001, 10_000, 100));
+    let (keys, rest) = split_fires(core.poll(now + 60_001, 10_000, 100));
     assert!(keys.is_empty());
     assert!(matches!(rest.as_slice(), [Action::Load { from: tocsin_core::fire::LoadFrom::Time(0), .. }]), "{rest:?}");
     let paused_entries: Vec<_> = entries.into_iter().filter(|(p, _)| p.key.namespace == "paused").collect();
     core.on_page(3, paused_entries, now + 60_001 + WINDOW_MS);
-    let (keys, _) = fired(core.poll(now + 60_002, 10_000, 100));
+    let (keys, _) = split_fires(core.poll(now + 60_002, 10_000, 100));
     assert_eq!(keys.len(), 5);
     assert!(keys.iter().all(|k| k.namespace == "paused"));
 }
