@@ -79,7 +79,7 @@ pub struct NodeState {
     pub moves: Arc<tokio::sync::Semaphore>,
     pub(crate) shutting_down: AtomicBool,
     /// Whether this node's groups may campaign (`shard::raft_timer`): not
-    /// while its clock is off from its peers (`balance::watch_clock`).
+    /// while its clock is off from its peers (`balance::watch_health`).
     pub(crate) campaigning: crate::shard::raft_timer::Campaigning,
 }
 

@@ -50,7 +50,7 @@ use tokio::time::Instant;
 static GRID_BASE: LazyLock<Instant> = LazyLock::new(Instant::now);
 
 /// Whether this node may campaign: false while its clock is off from its
-/// peers (`control::balance::watch_clock`). Shared by all its groups.
+/// peers (`control::balance::watch_health`). Shared by all its groups.
 #[derive(Clone, Debug)]
 pub struct Campaigning(Arc<AtomicBool>);
 
