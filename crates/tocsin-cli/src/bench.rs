@@ -47,9 +47,19 @@ pub struct Common {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+    /// Concurrent single creates to one node share a `CreateTimers` call
+    /// while this many calls to it are out (the client's default; see
+    /// `tocsin-client`'s `coalesce.rs`); 0: every create is a call of its own.
+    #[arg(long, default_value_t = tocsin_client::ClientOptions::default().coalesce_in_flight)]
+    coalesce_in_flight: usize,
 }
 
 impl Common {
+    /// A client to `addrs`, coalescing single creates as told.
+    async fn connect(&self) -> Result<tocsin_client::Client, tocsin_client::ClientError> {
+        crate::connect_with(self.addrs.clone(), |o| o.coalesce_in_flight = self.coalesce_in_flight).await
+    }
+
     fn run_id(&self) -> String {
         self.run.clone().unwrap_or_else(|| format!("r{}", now_ms()))
     }
@@ -202,7 +212,7 @@ async fn create(
     spread_ms: u64,
     topic: String,
 ) -> anyhow::Result<ExitCode> {
-    let client = crate::connect(common.addrs.clone()).await.context("connecting")?;
+    let client = common.connect().await.context("connecting")?;
     let run = common.run_id();
     let next = Arc::new(AtomicU64::new(0));
     let errors = Arc::new(AtomicU64::new(0));
@@ -285,7 +295,7 @@ async fn fire(
     sink_addr: String,
     sink_advertise: Option<String>,
 ) -> anyhow::Result<ExitCode> {
-    let client = crate::connect(common.addrs.clone()).await.context("connecting")?;
+    let client = common.connect().await.context("connecting")?;
     let run = common.run_id();
     let stats = Arc::new(Mutex::new(FireStats { lateness: Some(Histogram::new(3)?), ..Default::default() }));
     let tap_stats = stats.clone();
@@ -412,7 +422,7 @@ async fn fire(
 }
 
 async fn burst(common: Common, count: u64, lead_ms: u64, topic: String, max_batch: u32) -> anyhow::Result<ExitCode> {
-    let client = crate::connect(common.addrs.clone()).await.context("connecting")?;
+    let client = common.connect().await.context("connecting")?;
     let run = common.run_id();
     // Phase: preload `count` pull timers due within one second, starting well
     // after the creates finish.
@@ -583,8 +593,14 @@ async fn restart(
 
     // Phase: preload timers due in 1-7 days (outside any hot window).
     if !skip_preload {
-        let common =
-            Common { addrs: addrs.clone(), namespace: "pending".into(), payload_bytes, run: Some("p".into()), quiet };
+        let common = Common {
+            addrs: addrs.clone(),
+            namespace: "pending".into(),
+            payload_bytes,
+            run: Some("p".into()),
+            quiet,
+            coalesce_in_flight: tocsin_client::ClientOptions::default().coalesce_in_flight,
+        };
         create(common, pending, batch, concurrency, 24 * 3600 * 1000, 6 * 24 * 3600 * 1000, "later".into()).await?;
     }
     // Let compactions and flushes settle before reading the RSS.

@@ -108,7 +108,16 @@ pub(crate) fn endpoint(addr: &str) -> anyhow::Result<tonic::transport::Endpoint>
 pub(crate) async fn connect(
     addrs: impl IntoIterator<Item = impl Into<String>>,
 ) -> Result<tocsin_client::Client, tocsin_client::ClientError> {
-    let options = tocsin_client::ClientOptions { token: token(), tls: tls(), ..Default::default() };
+    connect_with(addrs, |_| {}).await
+}
+
+/// [`connect`], with the options adjusted by `adjust`.
+pub(crate) async fn connect_with(
+    addrs: impl IntoIterator<Item = impl Into<String>>,
+    adjust: impl FnOnce(&mut tocsin_client::ClientOptions),
+) -> Result<tocsin_client::Client, tocsin_client::ClientError> {
+    let mut options = tocsin_client::ClientOptions { token: token(), tls: tls(), ..Default::default() };
+    adjust(&mut options);
     tocsin_client::Client::with_options(addrs, options).await
 }
 

@@ -13,6 +13,19 @@ use crate::Client;
 use crate::ClientError;
 use crate::conn::Conn;
 
+/// One item of a `CreateTimers` answer as the client's result.
+pub(crate) fn item_result(r: pb::CreateTimerResult) -> Result<pb::CreateTimerResponse, ClientError> {
+    match r.result {
+        Some(pb::create_timer_result::Result::Ok(ok)) => Ok(ok),
+        Some(pb::create_timer_result::Result::Error(info)) => Err(ClientError::Status {
+            code: tocsin_contract::codes::code_from_name(&info.code),
+            message: info.message.clone(),
+            info,
+        }),
+        None => Err(ClientError::Unreachable("empty result".into())),
+    }
+}
+
 impl Client {
     /// Creates one timer (idempotent by `(namespace, id)`).
     ///
@@ -21,9 +34,52 @@ impl Client {
     /// `replace_finished`, except on a retry: an attempt whose outcome was
     /// unknown may have created the timer, which may have fired since, so
     /// a retry that finds it finished answers `created: false` with it.
+    ///
+    /// Concurrent creates bound for the same node share a `CreateTimers`
+    /// call while that node has calls out (`coalesce.rs`): each still gets
+    /// its own item's answer, the one `CreateTimer` would give.
     pub async fn create_timer(&self, req: pb::CreateTimerRequest) -> Result<pb::CreateTimerResponse, ClientError> {
         let shard = self.shard_of(&req.namespace, &req.id);
-        let attempts = std::sync::atomic::AtomicU32::new(0);
+        let mut coalesced_attempts = 0;
+        if self.inner.options.coalesce_in_flight > 0 {
+            // Only to a leader the map knows: a create whose leader is
+            // unknown takes the single path, which finds it.
+            while let Some(addr) = self.leader_addr(shard) {
+                coalesced_attempts += 1;
+                let item = match self.create_coalesced(&addr, req.clone()).await {
+                    crate::coalesce::LaneOutcome::Item(item) => *item,
+                    // No answer for the whole call: the single path below
+                    // retries (it may find the call's create done).
+                    crate::coalesce::LaneOutcome::CallFailed => break,
+                };
+                match item {
+                    Ok(resp) => return Ok(resp),
+                    Err(e) if !e.retryable() => {
+                        return self.finished_on_retry(&req, Err(e), coalesced_attempts > 1).await;
+                    }
+                    Err(e) => {
+                        if coalesced_attempts >= self.inner.options.max_attempts {
+                            return Err(e);
+                        }
+                        // A hint moves the shard's route to its new leader; an
+                        // overloaded shard asks for a wait.
+                        if !self.learn(Some(shard), &e) {
+                            let hint_ms = match &e {
+                                ClientError::Status { info, .. } => info.retry_after_ms,
+                                _ => 0,
+                            };
+                            let wait = self.backoff(coalesced_attempts).max(std::time::Duration::from_millis(hint_ms));
+                            tokio::time::sleep(wait).await;
+                            if e.code() != tonic::Code::ResourceExhausted {
+                                self.forget_leader(Some(shard));
+                                self.refresh_after_failure().await;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        let attempts = std::sync::atomic::AtomicU32::new(coalesced_attempts);
         let result = self
             .call(Some(shard), |mut c| {
                 attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -126,15 +182,7 @@ impl Client {
                 Ok(resp) => {
                     for (i, r) in positions.into_iter().zip(resp.results) {
                         refused[i] = true;
-                        out[i] = Some(match r.result {
-                            Some(pb::create_timer_result::Result::Ok(ok)) => Ok(ok),
-                            Some(pb::create_timer_result::Result::Error(info)) => Err(ClientError::Status {
-                                code: tocsin_contract::codes::code_from_name(&info.code),
-                                message: info.message.clone(),
-                                info,
-                            }),
-                            None => Err(ClientError::Unreachable("empty result".into())),
-                        });
+                        out[i] = Some(item_result(r));
                     }
                 }
                 Err(e) => {

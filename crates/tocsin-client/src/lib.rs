@@ -16,6 +16,9 @@
 //! keyed by the client's id (a repeat with the same spec returns the existing
 //! timer), and a cancel answers definitely whether it ran now or earlier.
 //! `CreateTimers` batches are split per shard and sent concurrently.
+//! Concurrent single creates bound for the same node share a `CreateTimers`
+//! call while that node has calls out (`coalesce.rs`; never delayed, and
+//! answered exactly as `CreateTimer` would).
 //!
 //! ```no_run
 //! # async fn example() -> Result<(), tocsin_client::ClientError> {
@@ -27,7 +30,8 @@
 //! ```
 //!
 //! The code: the types here; [`Client`]'s routing in `routing.rs`, its
-//! retries in `retry.rs`, its calls in `calls.rs`. The wire contract (header
+//! retries in `retry.rs`, its calls in `calls.rs`, the coalescing of single
+//! creates in `coalesce.rs`. The wire contract (header
 //! names, error codes, the map merge, the Reserve relay) is
 //! `tocsin-contract`'s.
 //!
@@ -48,6 +52,7 @@ use tocsin_proto::v1 as pb;
 pub use tocsin_proto::v1;
 
 mod calls;
+mod coalesce;
 mod conn;
 mod retry;
 mod routing;
@@ -129,6 +134,10 @@ pub struct ClientOptions {
     /// `client_tls`; every connection the client opens uses it, to seeds
     /// and to the nodes it learns of from shard maps and leader hints.
     pub tls: Option<ClientTls>,
+    /// Concurrent single creates to one node share a `CreateTimers` call
+    /// while this many calls to that node are out (`coalesce.rs`); 0: every
+    /// create is a call of its own.
+    pub coalesce_in_flight: usize,
 }
 
 /// How to reach nodes whose client ports speak TLS.
@@ -181,6 +190,7 @@ impl Default for ClientOptions {
             max_backoff: Duration::from_secs(1),
             token: None,
             tls: None,
+            coalesce_in_flight: 4,
         }
     }
 }
@@ -208,6 +218,8 @@ struct Inner {
     options: ClientOptions,
     route: RwLock<Option<Route>>,
     channels: Mutex<HashMap<String, Conn>>,
+    /// Each node's lane for coalesced creates.
+    lanes: coalesce::Lanes,
     /// `Bearer <token>` for every call, if the client has a token.
     authorization: Option<tonic::codegen::http::HeaderValue>,
     /// Nodes that just failed to answer, until when they are avoided: a
@@ -321,6 +333,7 @@ impl Client {
                 authorization,
                 route: RwLock::new(None),
                 channels: Mutex::new(HashMap::new()),
+                lanes: coalesce::Lanes::default(),
                 suspects: Mutex::new(HashMap::new()),
                 refreshing: tokio::sync::Mutex::new(None),
             }),

@@ -218,6 +218,15 @@ impl Client {
         Ok(pool[attempt as usize % pool.len()].clone())
     }
 
+    /// The address of `shard`'s leader, if the map knows it and the node
+    /// has not just failed to answer.
+    pub(crate) fn leader_addr(&self, shard: u32) -> Option<String> {
+        let route = self.inner.route.read().expect("route lock");
+        let route = route.as_ref()?;
+        let addr = route.leaders.get(shard as usize).and_then(|l| route.addrs.get(l))?;
+        (!self.is_suspect(addr)).then(|| addr.clone())
+    }
+
     /// Learns from an error: a leader hint updates the cached leader.
     pub(crate) fn learn(&self, shard: Option<u32>, err: &ClientError) -> bool {
         let ClientError::Status { info, .. } = err else { return false };

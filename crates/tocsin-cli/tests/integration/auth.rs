@@ -185,6 +185,21 @@ async fn every_call_needs_a_token_whose_scopes_cover_it() {
     let options = ClientOptions { token: Some(orders.clone()), ..Default::default() };
     let client = tocsin_client::Client::with_options([node.grpc.clone()], options).await.unwrap();
     client.create_timer(timer("orders", "c1", &receiver.url)).await.expect("the client's token is sent");
+    // Concurrent creates share `CreateTimers` calls in the client; one in a
+    // namespace the token does not cover gets its own refusal, and the
+    // others their timers (a refused shared call is not their answer).
+    let creates = (0..40).map(|i| {
+        let ns = if i == 17 { "billing" } else { "orders" };
+        let (client, req) = (client.clone(), timer(ns, &format!("shared-{i}"), &receiver.url));
+        async move { client.create_timer(req).await }
+    });
+    for (i, got) in futures::future::join_all(creates).await.into_iter().enumerate() {
+        match (i, got) {
+            (17, Err(e)) => assert_eq!(e.code(), tonic::Code::PermissionDenied, "{e}"),
+            (17, Ok(_)) => panic!("a create in billing passed an orders token"),
+            (_, got) => assert!(got.expect("an orders create with an orders token").created),
+        }
+    }
     assert!(tocsin_client::Client::connect([node.grpc.clone()]).await.is_err(), "no token, no map");
 
     // Phase: list shows ids and grants, never a secret.

@@ -8,6 +8,7 @@ mod client_tls;
 mod clock;
 mod cluster_id;
 mod cluster_ops;
+mod coalesce;
 mod console;
 mod egress;
 mod failure_path;
