@@ -40,8 +40,11 @@ impl Client {
     /// its own item's answer, the one `CreateTimer` would give.
     pub async fn create_timer(&self, req: pb::CreateTimerRequest) -> Result<pb::CreateTimerResponse, ClientError> {
         let shard = self.shard_of(&req.namespace, &req.id);
-        let mut coalesced_attempts = 0;
+        // Whether a shared call may have created the timer already: the
+        // single path then treats its first call as a retry.
+        let mut ambiguous = false;
         if self.inner.options.coalesce_in_flight > 0 {
+            let mut coalesced_attempts = 0;
             // Only to a leader the map knows: a create whose leader is
             // unknown takes the single path, which finds it.
             while let Some(addr) = self.leader_addr(shard) {
@@ -50,36 +53,34 @@ impl Client {
                     crate::coalesce::LaneOutcome::Item(item) => *item,
                     // No answer for the whole call: the single path below
                     // retries (it may find the call's create done).
-                    crate::coalesce::LaneOutcome::CallFailed => break,
+                    crate::coalesce::LaneOutcome::CallFailed => {
+                        ambiguous = true;
+                        break;
+                    }
+                    crate::coalesce::LaneOutcome::Full => break,
                 };
                 match item {
                     Ok(resp) => return Ok(resp),
-                    Err(e) if !e.retryable() => {
-                        return self.finished_on_retry(&req, Err(e), coalesced_attempts > 1).await;
-                    }
+                    // Refused at admission, which weighs a shared call's
+                    // items of a namespace together: asked again alone.
+                    Err(e) if e.code() == tonic::Code::ResourceExhausted => break,
+                    Err(e) if !e.retryable() => return self.finished_on_retry(&req, Err(e), ambiguous).await,
                     Err(e) => {
+                        ambiguous = true;
                         if coalesced_attempts >= self.inner.options.max_attempts {
                             return Err(e);
                         }
-                        // A hint moves the shard's route to its new leader; an
-                        // overloaded shard asks for a wait.
+                        // A hint moves the shard's route to its new leader.
                         if !self.learn(Some(shard), &e) {
-                            let hint_ms = match &e {
-                                ClientError::Status { info, .. } => info.retry_after_ms,
-                                _ => 0,
-                            };
-                            let wait = self.backoff(coalesced_attempts).max(std::time::Duration::from_millis(hint_ms));
-                            tokio::time::sleep(wait).await;
-                            if e.code() != tonic::Code::ResourceExhausted {
-                                self.forget_leader(Some(shard));
-                                self.refresh_after_failure().await;
-                            }
+                            tokio::time::sleep(self.backoff(coalesced_attempts)).await;
+                            self.forget_leader(Some(shard));
+                            self.refresh_after_failure().await;
                         }
                     }
                 }
             }
         }
-        let attempts = std::sync::atomic::AtomicU32::new(coalesced_attempts);
+        let attempts = std::sync::atomic::AtomicU32::new(u32::from(ambiguous));
         let result = self
             .call(Some(shard), |mut c| {
                 attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);

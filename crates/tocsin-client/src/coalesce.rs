@@ -28,10 +28,20 @@
 //! single-create path, which retries by its own rules, so a batch never
 //! turns one caller's problem into another's error.
 //!
+//! **Admission is per create.** A node admits a `CreateTimers` call's items
+//! of one namespace together (its rate buckets, quotas and load shedding
+//! take or refuse them as a group), so a create refused with
+//! `RESOURCE_EXHAUSTED` in a shared call is asked again alone, by the
+//! single-create path, where it is weighed on its own: a burst of single
+//! creates under a rate quota is admitted up to the quota, as it would be
+//! without coalescing.
+//!
 //! **Bounded.** At most [`MAX_CALL_ITEMS`] items and [`MAX_CALL_BYTES`] of
-//! payload per call, `coalesce_in_flight` calls per node; the queue holds
-//! only callers that are waiting (each caller has at most one item in it),
-//! so it is bounded by the caller's own concurrency.
+//! payload per call, `coalesce_in_flight` calls per node, and at most
+//! `coalesce_in_flight` × [`MAX_CALL_ITEMS`] creates queued behind them:
+//! past that a create takes the single path at once, so a node that falls
+//! behind sees the load offered (and sheds it, with its retry hints)
+//! instead of a client-side queue growing in front of it.
 
 use std::collections::HashMap;
 use std::collections::VecDeque;
@@ -59,6 +69,8 @@ pub(crate) enum LaneOutcome {
     Item(Box<Result<pb::CreateTimerResponse, ClientError>>),
     /// The call failed as a whole; the item's outcome is unknown.
     CallFailed,
+    /// The lane's queue is full; nothing was sent.
+    Full,
 }
 
 /// One node's lane.
@@ -116,6 +128,11 @@ fn take_call(queue: &mut VecDeque<Waiting>) -> Vec<Waiting> {
 /// calls out, against the bound `max_in_flight`.
 fn may_start(in_flight: usize, max_in_flight: usize) -> bool {
     in_flight < max_in_flight.max(1)
+}
+
+/// The most creates a lane holds queued behind `max_in_flight` calls.
+fn max_queued(max_in_flight: usize) -> usize {
+    max_in_flight.max(1) * MAX_CALL_ITEMS
 }
 
 /// Holds one of the lane's in-flight slots. Dropped, it hands the slot on:
@@ -185,10 +202,14 @@ impl Client {
     pub(crate) async fn create_coalesced(&self, addr: &str, req: pb::CreateTimerRequest) -> LaneOutcome {
         let lane = self.inner.lanes.lane(addr);
         let (done, rx) = oneshot::channel();
+        let max_in_flight = self.inner.options.coalesce_in_flight;
         let lead = {
             let mut state = lane.state.lock().expect("lane lock");
+            if state.queue.len() >= max_queued(max_in_flight) {
+                return LaneOutcome::Full;
+            }
             state.queue.push_back(Waiting { req, done });
-            let lead = may_start(state.in_flight, self.inner.options.coalesce_in_flight);
+            let lead = may_start(state.in_flight, max_in_flight);
             if lead {
                 state.in_flight += 1;
             }
@@ -275,6 +296,12 @@ mod tests {
         assert_eq!(take_call(&mut queue).len(), 1);
         let mut huge: VecDeque<Waiting> = std::iter::once(waiting(2 * MAX_CALL_BYTES).0).collect();
         assert_eq!(take_call(&mut huge).len(), 1, "an item over the bound still leaves, alone");
+    }
+
+    #[test]
+    fn the_queue_holds_at_most_a_call_per_slot() {
+        assert_eq!(max_queued(4), 4 * MAX_CALL_ITEMS);
+        assert_eq!(max_queued(0), MAX_CALL_ITEMS);
     }
 
     #[test]

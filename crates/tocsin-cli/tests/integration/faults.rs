@@ -308,9 +308,11 @@ async fn overload_sheds_creates_with_a_retry_hint_and_loses_nothing() {
         &[("FAILPOINTS", "store::writer=return(delay:50)"), ("TOCSIN_ADMISSION__SHED_CREATES_AFTER_MS", "5")],
     );
     // One attempt: the test sees every refusal instead of the client's retry.
-    let client = Client::with_options([node.grpc.clone()], ClientOptions { max_attempts: 1, ..Default::default() })
-        .await
-        .unwrap();
+    // No coalescing: it would carry the creates in at most four calls at a
+    // time, a closed loop (below), and this is the node's shedding of an
+    // open one.
+    let options = ClientOptions { max_attempts: 1, coalesce_in_flight: 0, ..Default::default() };
+    let client = Client::with_options([node.grpc.clone()], options).await.unwrap();
     let base = now_ms() + 4_000;
     // Open loop, one create a millisecond: while both entries in flight are
     // stalled, the creates behind them wait past the bound and are shed.
