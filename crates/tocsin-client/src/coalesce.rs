@@ -243,9 +243,7 @@ impl Client {
                 // A call of one shard's items says which shard moved there;
                 // otherwise the map is refreshed (at most every 200 ms,
                 // however many calls find it stale), off the callers' path.
-                if let Some(leader) =
-                    resp.metadata().get(crate::LEADER_HEADER).and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-                {
+                if let Some(leader) = crate::retry::forwarded_to(resp.metadata()) {
                     match shards.iter().collect::<Vec<_>>().as_slice() {
                         [shard] => self.learned_leader(Some(**shard), leader),
                         _ => {
@@ -259,11 +257,7 @@ impl Client {
             Ok(Err(status)) => return Err(ClientError::from_status(status)),
             Err(_) => {
                 self.suspect(addr);
-                return Err(ClientError::Status {
-                    code: tonic::Code::DeadlineExceeded,
-                    message: format!("no answer from {addr} within {:?}", self.inner.options.request_timeout),
-                    info: pb::ErrorInfo::default(),
-                });
+                return Err(self.no_answer(addr));
             }
         };
         Ok(resp.results.into_iter().map(crate::calls::item_result).collect())

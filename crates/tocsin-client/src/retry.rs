@@ -23,6 +23,15 @@ impl Client {
         ))
     }
 
+    /// The error of a call `addr` did not answer within the request timeout.
+    pub(crate) fn no_answer(&self, addr: &str) -> ClientError {
+        ClientError::Status {
+            code: tonic::Code::DeadlineExceeded,
+            message: format!("no answer from {addr} within {:?}", self.inner.options.request_timeout),
+            info: pb::ErrorInfo::default(),
+        }
+    }
+
     /// Runs `call` against the right node, following hints and retrying
     /// retryable failures.
     pub(crate) async fn call<T, F, Fut>(&self, shard: Option<u32>, mut call: F) -> Result<T, ClientError>
@@ -47,9 +56,7 @@ impl Client {
             match tokio::time::timeout(self.inner.options.request_timeout, call(channel)).await {
                 Ok(Ok(resp)) => {
                     // Forwarded to the shard's leader: route there next time.
-                    if let Some(leader) =
-                        resp.metadata().get(LEADER_HEADER).and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
-                    {
+                    if let Some(leader) = forwarded_to(resp.metadata()) {
                         self.learned_leader(shard, leader);
                     }
                     return Ok(resp.into_inner());
@@ -104,11 +111,7 @@ impl Client {
                     last = err;
                 }
                 Err(_) => {
-                    last = ClientError::Status {
-                        code: tonic::Code::DeadlineExceeded,
-                        message: format!("no answer from {addr} within {:?}", self.inner.options.request_timeout),
-                        info: pb::ErrorInfo::default(),
-                    };
+                    last = self.no_answer(&addr);
                     self.suspect(&addr);
                     self.forget_leader(shard);
                     tokio::time::sleep(self.backoff(attempt)).await;
@@ -118,4 +121,9 @@ impl Client {
         }
         Err(last)
     }
+}
+
+/// The leader a node forwarded the call to, from its answer's metadata.
+pub(crate) fn forwarded_to(metadata: &tonic::metadata::MetadataMap) -> Option<u64> {
+    metadata.get(LEADER_HEADER).and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
 }
