@@ -172,6 +172,14 @@ pub struct RaftTuning {
     /// them at the process's priority. `tocsin_raft_thread_nice` shows
     /// which.
     pub thread_nice: i32,
+    /// A quiet group's heartbeat (`shard::quiet`): a group whose log has
+    /// not grown for a second, held by every member, is heartbeated this
+    /// often instead of every `heartbeat_ms`, and the node's one `LIVENESS`
+    /// message per peer per `heartbeat_ms` keeps its followers from
+    /// campaigning. 0: groups never go quiet. Otherwise between
+    /// `heartbeat_ms` and 450, so a quorum's answer stays under a second old
+    /// (a leader refuses writes after a second without one).
+    pub quiet_heartbeat_ms: u64,
 }
 
 impl Default for RaftTuning {
@@ -184,6 +192,7 @@ impl Default for RaftTuning {
             keep_entries_after_snapshot: 5_000,
             rpc_timeout_ms: 1_000,
             thread_nice: -10,
+            quiet_heartbeat_ms: 400,
         }
     }
 }
@@ -680,6 +689,10 @@ impl NodeConfig {
         }
         if self.raft.heartbeat_ms * 2 >= self.raft.election_timeout_min_ms {
             return invalid("raft.heartbeat_ms", "must be under half of raft.election_timeout_min_ms");
+        }
+        let quiet = self.raft.quiet_heartbeat_ms;
+        if quiet != 0 && !(self.raft.heartbeat_ms..=450).contains(&quiet) {
+            return invalid("raft.quiet_heartbeat_ms", "must be 0 (off) or between raft.heartbeat_ms and 450");
         }
         if !(-20..=0).contains(&self.raft.thread_nice) {
             return invalid("raft.thread_nice", "must be between -20 and 0");

@@ -21,7 +21,9 @@
 //! `leader::fire_reply` (the `Fire` outcomes of one batch),
 //! `webhook::record_outcome` (one attempt-outcome proposal),
 //! `pull::reserve_stream` (a consumer's stream, after each message),
-//! `raft::to::<node id>` (one Raft RPC to that node), and in the store
+//! `raft::to::<node id>` (one Raft RPC to that node), `raft::from::<node
+//! id>` (one Raft message that node sends, `LIVENESS` included: armed for
+//! good, the node falls silent to its peers), and in the store
 //! `store::writer` (one write round: `delay:<ms>` stalls the writer).
 
 use std::time::Duration;

@@ -122,6 +122,11 @@ impl Node {
             tokio::spawn(crate::control::balance::run(state.clone())),
             tokio::spawn(crate::control::reconcile::run(state.clone())),
             tokio::spawn(crate::control::balance::watch_health(state.clone())),
+            raft_runtime.handle().spawn(crate::shard::raft_timer::run_liveness(
+                state.quiet.clone(),
+                state.router.clone(),
+                Duration::from_millis(config.raft.heartbeat_ms),
+            )),
         ];
         tracing::info!(node_id = config.node_id, %grpc_addr, %http_addr, %peer_addr, shards = config.num_shards, hosted = placement.hosted.len(), metadata = placement.host_meta, data = %config.data_dir.display(), "node started");
         if state.peer_tls.is_some() {
@@ -408,6 +413,7 @@ fn shared_state(
         moves: Arc::new(tokio::sync::Semaphore::new(MOVES_AT_ONCE)),
         shutting_down: AtomicBool::new(false),
         campaigning: Default::default(),
+        quiet: Default::default(),
     }))
 }
 
@@ -564,6 +570,7 @@ async fn serve_peer_grpc(
         spool,
         state.clock.clone(),
         state.admission.disk_low_flag(),
+        state.quiet.clone(),
     ));
     // Raft messages come on their own links (`link.rs`), told apart from
     // HTTP/2 by their first byte (or, with peer TLS, by ALPN); everything

@@ -109,6 +109,7 @@ async fn propose_here(node: &NodeState, cmd: ClusterCommand) -> Result<(ClusterO
         return Err(NodeError::unavailable("this node does not lead the metadata group", 100));
     };
     let proposal = Proposal { now_ms: node.clock.now_ms(), commands: vec![Command::Cluster(cmd)].into() };
+    crate::shard::quiet::renew_lease(&ctx.raft).await;
     let resp = tokio::time::timeout(META_RPC_TIMEOUT, ctx.raft.client_write(proposal))
         .await
         .map_err(|_| NodeError::unavailable("the metadata group did not commit in time; the outcome is unknown", 500))?

@@ -113,6 +113,7 @@ pub async fn run(node: Arc<NodeState>) {
 async fn complete_joint(ctx: &ShardCtx, target: std::collections::BTreeSet<u64>) {
     let Ok(_serial) = ctx.membership_change.try_lock() else { return };
     tracing::info!(shard = ctx.shard, ?target, "completing a membership change left in joint consensus");
+    crate::shard::quiet::renew_lease(&ctx.raft).await;
     if let Err(e) = ctx.raft.change_membership(ChangeMembers::ReplaceAllVoters(target), false).await {
         tracing::warn!(shard = ctx.shard, error = %e, "completing the joint membership");
     }

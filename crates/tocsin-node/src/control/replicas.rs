@@ -238,6 +238,7 @@ pub async fn set_voters(
         // `replication_lag_threshold` entries (thousands) as caught up, so
         // it can return while a snapshot is still streaming: wait for the
         // learner to hold everything the log had once it was added.
+        crate::shard::quiet::renew_lease(raft).await;
         match tokio::time::timeout_at(deadline, raft.add_learner(*id, addr.clone(), false)).await {
             Ok(Ok(_)) => {}
             Ok(Err(e)) => return Err(group.raft_error("adding a learner", e)),
@@ -269,6 +270,7 @@ pub async fn set_voters(
         tracing::info!(group = %name, from = ?current, to = ?want, "changing the voter set");
         // The voters left out stay on as learners, so that they learn the
         // committed change themselves before they are asked to drop their data.
+        crate::shard::quiet::renew_lease(raft).await;
         raft.change_membership(ChangeMembers::ReplaceAllVoters(want.clone()), true)
             .await
             .map_err(|e| group.raft_error("the membership change", e))?;
@@ -304,6 +306,7 @@ pub async fn set_voters(
     }
     if !left_out.is_empty() {
         let gone: BTreeSet<u64> = left_out.keys().copied().collect();
+        crate::shard::quiet::renew_lease(raft).await;
         raft.change_membership(ChangeMembers::RemoveNodes(gone), false)
             .await
             .map_err(|e| group.raft_error("removing the left-out learners", e))?;

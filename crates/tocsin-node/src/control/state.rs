@@ -81,6 +81,9 @@ pub struct NodeState {
     /// Whether this node's groups may campaign (`shard::raft_timer`): not
     /// while its clock is off from its peers (`balance::watch_health`).
     pub(crate) campaigning: crate::shard::raft_timer::Campaigning,
+    /// The quiet groups this node leads and what its peers say of theirs
+    /// (`shard::quiet`).
+    pub quiet: crate::shard::quiet::Quiet,
 }
 
 impl NodeState {
@@ -374,7 +377,20 @@ impl NodeState {
             .map_err(|e| raft_error(e.to_string()))?;
         // openraft's tick is off: this times the group's heartbeats and
         // elections, at the Raft threads' priority.
-        self.raft_runtime.spawn(crate::shard::raft_timer::drive(raft.clone(), node_id, self.campaigning.clone()));
+        let quieting = crate::shard::raft_timer::Quieting {
+            quiet: self.quiet.clone(),
+            heartbeat: match self.config.raft.quiet_heartbeat_ms {
+                0 => None,
+                ms => Some(std::time::Duration::from_millis(ms)),
+            },
+        };
+        self.raft_runtime.spawn(crate::shard::raft_timer::drive(
+            raft.clone(),
+            node_id,
+            group,
+            self.campaigning.clone(),
+            quieting,
+        ));
         Ok(raft)
     }
 

@@ -56,6 +56,9 @@ use crate::peer_tls::PeerTls;
 pub use tocsin_contract::link_frame::MAX_FRAME_BYTES;
 pub use tocsin_contract::link_frame::PREFACE;
 pub use tocsin_contract::link_frame::read_frame;
+/// The id of a request that wants no reply ([`LinkClient::send`]); calls
+/// number theirs from 1.
+pub const NO_REPLY: u64 = 0;
 /// Most messages written as one frame.
 const MAX_ITEMS_PER_FRAME: usize = 1024;
 /// A frame is closed once its messages' payloads pass this.
@@ -206,6 +209,34 @@ impl LinkClient {
             slot.conn = None;
             slot.retry_at = Some(Instant::now() + RECONNECT_AFTER);
         }
+    }
+
+    /// Sends one request that wants no reply (id 0: the server answers
+    /// nothing), for messages whose loss costs only a moment's margin
+    /// (`quiet.rs`'s LIVENESS): half the frames of a call.
+    pub fn send(
+        self: &Arc<Self>,
+        kind: pb::RaftRpcKind,
+        from_node: u64,
+        payload: Vec<u8>,
+        sent_wall_ms: u64,
+    ) -> Result<(), LinkError> {
+        let conn = self.conn()?;
+        let request = pb::RaftLinkRequest {
+            id: NO_REPLY,
+            kind: kind as i32,
+            group_id: 0,
+            from_node,
+            payload: payload.into(),
+            sent_at_ms: sent_wall_ms,
+        };
+        conn.queue.try_send(request).map_err(|e| {
+            let reason = match e {
+                mpsc::error::TrySendError::Full(_) => "send queue full",
+                mpsc::error::TrySendError::Closed(_) => "connection closed",
+            };
+            LinkError::Unreachable { target: self.target, reason: reason.into() }
+        })
     }
 
     /// Sends one request and waits up to `wait` for its reply.
@@ -455,7 +486,9 @@ pub async fn serve<H: LinkHandler, R: AsyncRead + Send + Unpin, W: AsyncWrite + 
                     tokio::spawn(async move {
                         let id = request.id;
                         let reply = handler.handle(request).await;
-                        let _ = tx.send(pb::RaftLinkReply { id, reply: Some(reply) }).await;
+                        if id != NO_REPLY {
+                            let _ = tx.send(pb::RaftLinkReply { id, reply: Some(reply) }).await;
+                        }
                     });
                 }
             }

@@ -21,6 +21,7 @@ pub mod events;
 pub mod leader;
 pub mod link;
 pub mod proposer;
+pub mod quiet;
 pub mod raft;
 pub mod raft_timer;
 

@@ -346,6 +346,8 @@ async fn run(raft: Raft, clock: Arc<Clock>, mut rx: mpsc::Receiver<Pending>, tim
                 batch.into_iter().map(|p| (p.command, p.done)).unzip();
             let proposal = Proposal { now_ms, commands: commands.into() };
             let writing = std::time::Instant::now();
+            // A quiet group's leader lease has usually run out (`quiet.rs`).
+            crate::shard::quiet::renew_lease(&raft).await;
             let result = tokio::time::timeout(timeout, raft.client_write(proposal)).await;
             // Append, replicate to a quorum, commit and apply.
             metrics::histogram!("tocsin_raft_write_seconds").record(writing.elapsed().as_secs_f64());

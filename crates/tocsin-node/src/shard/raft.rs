@@ -411,7 +411,9 @@ impl Router {
     ) -> Result<Resp, RPCError<C>> {
         let link = self.link(target)?;
         metrics::counter!("tocsin_raft_rpcs_sent_total", "rpc" => kind.as_str_name()).increment(1);
-        if crate::fault::hit(&format!("raft::to::{target}")).await.is_some() {
+        if crate::fault::hit(&format!("raft::to::{target}")).await.is_some()
+            || crate::fault::hit(&format!("raft::from::{}", self.inner.node_id)).await.is_some()
+        {
             return Err(RPCError::Unreachable(Unreachable::from_string("dropped by a fault point")));
         }
         let wait = wait.min(self.inner.rpc_timeout);
@@ -425,6 +427,20 @@ impl Router {
                 Err(RPCError::Unreachable(Unreachable::from_string(e.to_string())))
             }
         }
+    }
+
+    /// Tells `target` which quiet groups this node leads (`quiet.rs`):
+    /// `groups` as (group, term), one way (no reply).
+    pub fn liveness(&self, target: u64, groups: &[(u64, u64)]) -> Result<(), String> {
+        let kind = pb::RaftRpcKind::Liveness;
+        metrics::counter!("tocsin_raft_rpcs_sent_total", "rpc" => kind.as_str_name()).increment(1);
+        if crate::fault::hit_now(&format!("raft::to::{target}")).is_some()
+            || crate::fault::hit_now(&format!("raft::from::{}", self.inner.node_id)).is_some()
+        {
+            return Err("dropped by a fault point".into());
+        }
+        let link = self.link(target).map_err(|e| e.to_string())?;
+        link.send(kind, self.inner.node_id, encode(&groups), self.inner.clock.wall_ms()).map_err(|e| e.to_string())
     }
 
     fn deadline(&self, option: &RPCOption) -> Duration {
@@ -635,6 +651,10 @@ impl Groups {
         self.inner.read().expect("groups lock").get(&group).cloned()
     }
 
+    pub fn contains(&self, group: GroupId) -> bool {
+        self.inner.read().expect("groups lock").contains_key(&group)
+    }
+
     pub fn all(&self) -> Vec<(GroupId, Raft)> {
         let mut v: Vec<_> = self.inner.read().expect("groups lock").iter().map(|(g, r)| (*g, r.clone())).collect();
         v.sort_by_key(|(g, _)| *g);
@@ -651,6 +671,8 @@ pub struct TransportService {
     clock: Arc<Clock>,
     /// And whether its free disk is below the watermark.
     low_disk: Arc<std::sync::atomic::AtomicBool>,
+    /// Where `LIVENESS` messages are noted (`quiet.rs`).
+    quiet: crate::shard::quiet::Quiet,
 }
 
 impl TransportService {
@@ -659,8 +681,9 @@ impl TransportService {
         spool_dir: std::path::PathBuf,
         clock: Arc<Clock>,
         low_disk: Arc<std::sync::atomic::AtomicBool>,
+        quiet: crate::shard::quiet::Quiet,
     ) -> TransportService {
-        TransportService { groups, spool_dir, clock, low_disk }
+        TransportService { groups, spool_dir, clock, low_disk, quiet }
     }
 
     fn low_disk(&self) -> bool {
@@ -701,6 +724,16 @@ impl TransportService {
 impl crate::shard::link::LinkHandler for TransportService {
     async fn handle(&self, req: pb::RaftLinkRequest) -> pb::RaftReply {
         self.clock.record_incoming(req.from_node, req.sent_at_ms);
+        if req.kind == pb::RaftRpcKind::Liveness as i32 {
+            return match decode::<Vec<(u64, u64)>>(&req.payload) {
+                Ok(groups) => {
+                    let now = tokio::time::Instant::now();
+                    self.quiet.heard_from(req.from_node, &groups, now, |g| self.groups.contains(g));
+                    self.reply::<(), String>(Ok(()))
+                }
+                Err(e) => self.reply::<(), _>(Err(format!("bad payload: {e}"))),
+            };
+        }
         let raft = match self.group(req.group_id) {
             Ok(r) => r,
             Err(reply) => return reply,
@@ -751,7 +784,9 @@ impl crate::shard::link::LinkHandler for TransportService {
                 },
                 Err(e) => bad(e),
             },
-            Ok(pb::RaftRpcKind::Unspecified) | Err(_) => bad(format!("unknown message kind {}", req.kind)),
+            Ok(pb::RaftRpcKind::Unspecified | pb::RaftRpcKind::Liveness) | Err(_) => {
+                bad(format!("unknown message kind {}", req.kind))
+            }
         }
     }
 }
@@ -964,6 +999,7 @@ mod tests {
             spool.path().to_path_buf(),
             clock.clone(),
             Arc::new(std::sync::atomic::AtomicBool::new(false)),
+            Default::default(),
         );
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind server");
         let server_addr = listener.local_addr().expect("server address");

@@ -30,6 +30,13 @@
 //!   without a new term, and the voter with the longest log still wins at
 //!   its own deadline.
 //! - **A learner** waits for a membership change.
+//! - **A quiet group** (`quiet.rs`): a leader whose group has been idle
+//!   and caught up for a second wakes only every other grid line, heartbeats
+//!   only every `raft.quiet_heartbeat_ms` (on lines all the node's quiet
+//!   groups share), and lists the group for the node's `LIVENESS` messages
+//!   ([`run_liveness`]: one per peer every other line, no reply); a
+//!   follower counts such a message as hearing from its leader when it
+//!   names the vote it holds.
 //!
 //! A node whose clock is off from its peers does not campaign
 //! ([`Campaigning`], set by `control::balance`): openraft's `elect(false)`
@@ -48,6 +55,12 @@ use tokio::time::Instant;
 
 /// The node-wide origin of the heartbeat grid.
 static GRID_BASE: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// The origin of the grid every group's heartbeats (and the node's
+/// `LIVENESS` messages) fall on.
+pub fn grid_base() -> Instant {
+    *GRID_BASE
+}
 
 /// Whether this node may campaign: false while its clock is off from its
 /// peers (`control::balance::watch_health`). Shared by all its groups.
@@ -169,6 +182,46 @@ pub struct VoteClock {
     pub leader_vote: bool,
 }
 
+/// openraft's view of a group this node leads, for `quiet::is_quiet`.
+fn leader_view(raft: &Raft) -> (crate::shard::quiet::LeaderView, u64) {
+    use openraft::Instant as _;
+    use openraft::async_runtime::WatchReceiver as _;
+    let rx = raft.metrics();
+    let m = rx.borrow_watched();
+    let last_log_index = m.last_log_index.unwrap_or(0);
+    let all_matched = m.replication.as_ref().is_some_and(|targets| {
+        targets.values().all(|matched| matched.as_ref().is_some_and(|l| l.index == last_log_index))
+    });
+    let view = crate::shard::quiet::LeaderView {
+        last_log_index,
+        committed_index: m.local_committed.as_ref().map_or(0, |l| l.index),
+        all_matched,
+        quorum_acked_age: m.last_quorum_acked.as_ref().map(|t| t.elapsed()),
+    };
+    (view, m.current_term)
+}
+
+/// A leader timer's memory of its group's log, for the quiet rule.
+struct LeaderMemory {
+    last_log_index: u64,
+    grew_at: Instant,
+    /// The group was quiet at the last grid line.
+    quiet: bool,
+}
+
+/// Takes the group out of the node's quiet lists when its timer ends (the
+/// core stopped: the group is gone from here).
+struct Unlist {
+    quiet: crate::shard::quiet::Quiet,
+    group: u64,
+}
+
+impl Drop for Unlist {
+    fn drop(&mut self) {
+        self.quiet.forget(self.group);
+    }
+}
+
 /// What to do next, at `now`, for a group in `role` whose vote clock reads
 /// `vote` (only a voter's is read), with `drawn` as the current election
 /// timeout. Pure: no clock, no I/O.
@@ -194,9 +247,25 @@ pub fn next_step(
     }
 }
 
+/// How the node's timers quiet idle groups (`quiet.rs`).
+#[derive(Clone)]
+pub struct Quieting {
+    pub quiet: crate::shard::quiet::Quiet,
+    /// A quiet group's heartbeat interval; `None`: groups never go quiet.
+    pub heartbeat: Option<Duration>,
+}
+
+/// A voter's last read of its vote from the core: the clock, and the
+/// leader (term, node) it names.
+#[derive(Clone, Copy)]
+struct VoteRead {
+    clock: VoteClock,
+    leader: (u64, u64),
+}
+
 /// Drives `raft`'s heartbeats and elections for the group's life (see the
 /// module doc). Spawned on the Raft runtime with every group.
-pub async fn drive(raft: Raft, node_id: u64, campaigning: Campaigning) {
+pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaigning, quieting: Quieting) {
     use openraft::async_runtime::WatchReceiver as _;
     raft.runtime_config().tick(false);
     let timings = Timings::of(raft.config());
@@ -204,31 +273,60 @@ pub async fn drive(raft: Raft, node_id: u64, campaigning: Campaigning) {
     let started = Instant::now();
     let mut drawn = timings.draw();
     let mut metrics = raft.server_metrics();
+    let quiet = quieting.quiet.clone();
+    let _unlist = Unlist { quiet: quiet.clone(), group };
+    let mut memory: Option<LeaderMemory> = None;
+    // Valid until the server metrics change (a new vote changes them).
+    let mut vote_read: Option<VoteRead> = None;
     loop {
         let role = role_of(&metrics.borrow_and_update(), node_id);
+        if role != Role::Leader {
+            quiet.unlist(group);
+            memory = None;
+        }
+        let now = Instant::now();
         let vote = match role {
-            Role::Voter { lone: false } => match raft
-                .with_raft_state(|st| {
-                    use openraft::Instant as _;
-                    // openraft's instant wraps tokio's, privately: the same
-                    // moment, as an age.
-                    let now = Instant::now();
-                    VoteClock {
-                        updated: st.vote_last_modified().map(|at| now - at.elapsed()),
-                        leader_vote: st.vote_ref().is_committed(),
-                    }
-                })
-                .await
-            {
-                Ok(vote) => Some(vote),
-                // The core stopped: nothing left to time.
-                Err(_) => return,
-            },
+            Role::Voter { lone: false } => {
+                // While a quiet leader's LIVENESS messages keep the deadline
+                // ahead, the core need not be asked (`quiet.rs`).
+                let heard_ahead = vote_read.and_then(|read| {
+                    let heard = crate::shard::quiet::heard_counts(
+                        quiet.heard(group),
+                        Some(read.leader),
+                        read.clock.leader_vote,
+                    )?;
+                    let deadline = election_deadline(Some(heard), true, timings.election_max, drawn, started);
+                    (deadline > now).then_some(heard)
+                });
+                match heard_ahead {
+                    // Only a committed vote's heard time counts.
+                    Some(heard) => Some(VoteClock { updated: Some(heard), leader_vote: true }),
+                    None => match read_vote(&raft).await {
+                        Some(read) => {
+                            vote_read = Some(read);
+                            // A LIVENESS message naming this vote counts as
+                            // hearing from the leader.
+                            let heard = crate::shard::quiet::heard_counts(
+                                quiet.heard(group),
+                                Some(read.leader),
+                                read.clock.leader_vote,
+                            );
+                            Some(VoteClock { updated: read.clock.updated.max(heard), ..read.clock })
+                        }
+                        // The core stopped: nothing left to time.
+                        None => return,
+                    },
+                }
+            }
             _ => None,
         };
         let now = Instant::now();
         let wake_at = match next_step(role, now, vote, timings, drawn, started, grid_base) {
             Step::Idle => None,
+            // A quiet leader wakes on the LIVENESS grid only (`quiet.rs`).
+            Step::HeartbeatAt(_) if memory.as_ref().is_some_and(|m| m.quiet) => {
+                Some(next_heartbeat_at(now, grid_base, crate::shard::quiet::liveness_every(timings.heartbeat)))
+            }
             Step::HeartbeatAt(at) | Step::CheckAt(at) => Some(at),
             Step::Elect { pre_vote } => {
                 if campaigning.allowed() && raft.trigger().elect(pre_vote).await.is_err() {
@@ -244,10 +342,16 @@ pub async fn drive(raft: Raft, node_id: u64, campaigning: Campaigning) {
         let changed = match wake_at {
             None => metrics.changed().await.is_ok(),
             Some(at) => tokio::select! {
-                changed = metrics.changed() => changed.is_ok(),
+                changed = metrics.changed() => {
+                    vote_read = None;
+                    changed.is_ok()
+                }
                 () = tokio::time::sleep_until(at) => {
-                    if role == Role::Leader && raft.trigger().heartbeat().await.is_err() {
-                        return;
+                    if role == Role::Leader && heartbeat_due(&raft, group, &quieting, &mut memory, timings.heartbeat, at, grid_base) {
+                        quiet.count_heartbeat();
+                        if raft.trigger().heartbeat().await.is_err() {
+                            return;
+                        }
                     }
                     true
                 }
@@ -255,6 +359,87 @@ pub async fn drive(raft: Raft, node_id: u64, campaigning: Campaigning) {
         };
         if !changed {
             return;
+        }
+    }
+}
+
+/// The vote as the core holds it; `None` when the core has stopped.
+async fn read_vote(raft: &Raft) -> Option<VoteRead> {
+    raft.with_raft_state(|st| {
+        use openraft::Instant as _;
+        // openraft's instant wraps tokio's, privately: the same moment, as
+        // an age.
+        let now = Instant::now();
+        let leader = st.vote_ref().leader_id();
+        VoteRead {
+            clock: VoteClock {
+                updated: st.vote_last_modified().map(|at| now - at.elapsed()),
+                leader_vote: st.vote_ref().is_committed(),
+            },
+            leader: (leader.term, leader.node_id),
+        }
+    })
+    .await
+    .ok()
+}
+
+/// On a leader's grid line `at`: whether to send openraft's heartbeat now.
+/// A quiet group (`quiet::is_quiet`) is listed for the node's `LIVENESS`
+/// messages and heartbeats only on the lines of the quiet grid
+/// (`quiet::quiet_line`), which every quiet group of the node shares, so
+/// their heartbeats to a peer leave together, beside a LIVENESS message;
+/// any other group is unlisted and heartbeats on every line.
+fn heartbeat_due(
+    raft: &Raft,
+    group: u64,
+    quieting: &Quieting,
+    memory: &mut Option<LeaderMemory>,
+    every: Duration,
+    at: Instant,
+    grid_base: Instant,
+) -> bool {
+    let Some(quiet_every) = quieting.heartbeat else { return true };
+    let now = Instant::now();
+    let (view, term) = leader_view(raft);
+    let memory = memory.get_or_insert(LeaderMemory { last_log_index: view.last_log_index, grew_at: now, quiet: false });
+    if view.last_log_index != memory.last_log_index {
+        memory.last_log_index = view.last_log_index;
+        memory.grew_at = now;
+    }
+    memory.quiet = crate::shard::quiet::is_quiet(view, now.saturating_duration_since(memory.grew_at), quiet_every);
+    if memory.quiet {
+        quieting.quiet.list(group, term, now);
+        crate::shard::quiet::quiet_line(at, grid_base, every, quiet_every)
+    } else {
+        quieting.quiet.unlist(group);
+        true
+    }
+}
+
+/// Sends every peer the quiet groups this node leads, on every LIVENESS
+/// line (`quiet::liveness_every`) of the timers' grid, while there are any. One
+/// way: a lost message only lets the follower's deadline come closer. Runs
+/// for the node's life, on the Raft runtime.
+pub async fn run_liveness(quiet: crate::shard::quiet::Quiet, router: crate::shard::raft::Router, heartbeat: Duration) {
+    let grid_base = *GRID_BASE;
+    let every = crate::shard::quiet::liveness_every(heartbeat);
+    let fresh = heartbeat * crate::shard::quiet::LISTING_FRESH_HEARTBEATS;
+    loop {
+        let now = Instant::now();
+        tokio::time::sleep_until(next_heartbeat_at(now, grid_base, every)).await;
+        // Let the quiet leaders' timers, woken on the same line, renew
+        // their listings (and queue their heartbeats) first.
+        tokio::task::yield_now().await;
+        let groups = quiet.listed(Instant::now(), fresh);
+        metrics::gauge!("tocsin_raft_quiet_groups").set(groups.len() as f64);
+        if groups.is_empty() {
+            continue;
+        }
+        for (peer, _) in router.known() {
+            quiet.count_sent();
+            // Refused (no connection yet, a full queue): the peer's
+            // deadline comes closer, nothing else.
+            let _ = router.liveness(peer, &groups);
         }
     }
 }

@@ -21,14 +21,27 @@ impl Cluster {
     /// `tune(i, config)` adjusts node `i + 1`'s config. Waits until every
     /// node's shards have leaders.
     pub async fn start(n: usize, num_shards: u32, tune: impl Fn(usize, &mut NodeConfig)) -> Cluster {
+        Cluster::start_from(1, n, num_shards, tune).await
+    }
+
+    /// As [`Cluster::start`], with node ids from `first_id`: fault points
+    /// named by node id (`raft::from::<id>`) are process-wide, and the
+    /// tests of this binary run side by side.
+    pub async fn start_from(
+        first_id: u64,
+        n: usize,
+        num_shards: u32,
+        tune: impl Fn(usize, &mut NodeConfig),
+    ) -> Cluster {
         let dir = tempfile::tempdir().unwrap();
         let ports = free_ports(3 * n);
         let addr = |i: usize| format!("127.0.0.1:{}", ports[i]);
-        let initial: Vec<String> =
-            (0..n).map(|i| format!("{}={}/{}/{}", i + 1, addr(3 * i), addr(3 * i + 1), addr(3 * i + 2))).collect();
+        let initial: Vec<String> = (0..n)
+            .map(|i| format!("{}={}/{}/{}", first_id + i as u64, addr(3 * i), addr(3 * i + 1), addr(3 * i + 2)))
+            .collect();
         let starts = (0..n).map(|i| {
             let mut config = NodeConfig {
-                node_id: i as u64 + 1,
+                node_id: first_id + i as u64,
                 data_dir: dir.path().join(format!("node-{}", i + 1)),
                 grpc_listen: addr(3 * i),
                 http_listen: addr(3 * i + 1),

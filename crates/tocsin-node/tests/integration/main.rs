@@ -5,3 +5,4 @@
 
 mod cluster;
 mod in_process;
+mod quiet;
