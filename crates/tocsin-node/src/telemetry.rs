@@ -213,6 +213,19 @@ pub const METRICS: &[(&str, Kind, Unit, &str)] = &[
     ("tocsin_raft_rpc_seconds", Kind::Histogram, Unit::Seconds, "Raft RPC round trips, by RPC"),
     ("tocsin_raft_rpcs_sent_total", Kind::Counter, Unit::Count, "Raft RPCs sent, by RPC"),
     ("tocsin_raft_reconnects_total", Kind::Counter, Unit::Count, "Raft peer connections replaced"),
+    (
+        "tocsin_raft_quiet_groups",
+        Kind::Gauge,
+        Unit::Count,
+        "Groups this node leads that are quiet (idle; heartbeated every raft.quiet_heartbeat_ms, kept by LIVENESS)",
+    ),
+    ("tocsin_raft_heartbeats_total", Kind::Counter, Unit::Count, "openraft heartbeats this node's group timers sent"),
+    (
+        "tocsin_raft_lease_renewals_total",
+        Kind::Counter,
+        Unit::Count,
+        "Writes that first renewed the leader's lease with a heartbeat (the first write to a quiet group)",
+    ),
     ("tocsin_raft_link_connects_total", Kind::Counter, Unit::Count, "Raft link connections opened"),
     ("tocsin_raft_link_messages_per_frame", Kind::Histogram, Unit::Count, "Raft messages per link frame"),
     (
