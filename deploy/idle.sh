@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Measures what an idle node costs: starts one `tocsin dev` node or three
+# `tocsin serve` nodes on loopback (nothing created, nothing due), lets them
+# settle, then reads each node's CPU (utime + stime from /proc) over a
+# window and prints it as a share of one core, with the split by thread
+# name (tocsin-raft: the Raft runtime; tokio-rt-worker: requests and the
+# control plane; tocsin-fire: the fire loops).
+#
+#   bash deploy/idle.sh [nodes: 1|3] [shards] [settle-seconds] [window-seconds]
+#
+# Defaults: 3 nodes, 16 shards, 15 s to settle, a 30 s window. Environment
+# variables reach the nodes (TOCSIN_RAFT__QUIET_HEARTBEAT_MS=0 turns quiet
+# groups off, for an A/B); IDLE_BIN names the directory holding `tocsin`
+# and skips the build. Ports 7070-7091 must be free; data goes to a
+# temporary directory that is removed at the end.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+nodes="${1:-3}"
+shards="${2:-16}"
+settle="${3:-15}"
+window="${4:-30}"
+case "$nodes" in 1 | 3) ;; *) echo "idle: nodes must be 1 or 3, not $nodes" >&2; exit 2 ;; esac
+bin="${IDLE_BIN:-$(bash deploy/build.sh)}"
+tocsin="$bin/tocsin"
+dir="$(mktemp -d /tmp/tocsin-idle.XXXXXX)"
+pids=()
+cleanup() {
+  for p in "${pids[@]:-}"; do [ -n "$p" ] && { kill "$p" 2>/dev/null || true; }; done
+  wait 2>/dev/null || true
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+for port in 7070 7071 7080 7081 7090 7091; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+    echo "idle: port $port is taken; stop what listens there first" >&2
+    exit 1
+  fi
+done
+if [ "$nodes" = 1 ]; then
+  "$tocsin" dev --data "$dir/n1" --grpc 127.0.0.1:7070 --http 127.0.0.1:7071 --shards "$shards" >"$dir/n1.log" 2>&1 &
+  pids+=($!)
+else
+  ic="1=127.0.0.1:7070/127.0.0.1:7071,2=127.0.0.1:7080/127.0.0.1:7081,3=127.0.0.1:7090/127.0.0.1:7091"
+  for i in 1 2 3; do
+    g=$((7060 + 10 * i))
+    "$tocsin" serve --node-id "$i" --data "$dir/n$i" --grpc "127.0.0.1:$g" --http "127.0.0.1:$((g + 1))" \
+      --initial-cluster "$ic" --shards "$shards" >"$dir/n$i.log" 2>&1 &
+    pids+=($!)
+  done
+fi
+for i in $(seq "$nodes"); do
+  http="127.0.0.1:$((7061 + 10 * i))"
+  for _ in $(seq 300); do curl -fs "http://$http/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
+  curl -fs "http://$http/readyz" >/dev/null || { echo "idle: node $i never became ready (log: $dir/n$i.log)" >&2; exit 1; }
+done
+echo "idle: $nodes node(s), $shards shards, settling ${settle} s, then measuring ${window} s" >&2
+sleep "$settle"
+# One line per thread: node pid, thread name, utime + stime in ticks.
+snapshot() {
+  for p in "${pids[@]}"; do
+    for t in /proc/"$p"/task/*; do
+      stat="$(cat "$t/stat" 2>/dev/null)" || continue
+      rest="${stat##*) }"
+      # shellcheck disable=SC2086
+      set -- $rest
+      echo "$p $(tr ' ' '_' <"$t/comm") $((${12} + ${13}))"
+    done
+  done
+}
+snapshot >"$dir/before"
+sleep "$window"
+snapshot >"$dir/after"
+python3 - "$dir/before" "$dir/after" "$(getconf CLK_TCK)" "$window" <<'PY'
+import collections, sys
+def read(path):
+    ticks = collections.Counter()
+    for line in open(path):
+        pid, name, t = line.split()
+        ticks[(pid, name)] += int(t)
+    return ticks
+before, after = read(sys.argv[1]), read(sys.argv[2])
+hz, window = int(sys.argv[3]), float(sys.argv[4])
+share = lambda t: 100.0 * t / hz / window
+per_node, per_thread = collections.Counter(), collections.Counter()
+for key, t in after.items():
+    d = t - before.get(key, 0)
+    per_node[key[0]] += d
+    per_thread[key[1]] += d
+for n, (pid, t) in enumerate(sorted(per_node.items()), 1):
+    print(f"node {n} (pid {pid}): {share(t):.2f}% of a core")
+nodes = len(per_node)
+print("by thread, per node: " + ", ".join(f"{k} {share(v) / nodes:.2f}%" for k, v in per_thread.most_common() if v))
+PY
