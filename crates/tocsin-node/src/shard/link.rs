@@ -230,13 +230,16 @@ impl LinkClient {
             payload: payload.into(),
             sent_at_ms: sent_wall_ms,
         };
-        conn.queue.try_send(request).map_err(|e| {
-            let reason = match e {
-                mpsc::error::TrySendError::Full(_) => "send queue full",
-                mpsc::error::TrySendError::Closed(_) => "connection closed",
-            };
-            LinkError::Unreachable { target: self.target, reason: reason.into() }
-        })
+        conn.queue.try_send(request).map_err(|e| self.refused(e))
+    }
+
+    /// Why the connection's queue refused a request, as the caller's error.
+    fn refused(&self, e: mpsc::error::TrySendError<pb::RaftLinkRequest>) -> LinkError {
+        let reason = match e {
+            mpsc::error::TrySendError::Full(_) => "send queue full",
+            mpsc::error::TrySendError::Closed(_) => "connection closed",
+        };
+        LinkError::Unreachable { target: self.target, reason: reason.into() }
     }
 
     /// Sends one request and waits up to `wait` for its reply.
@@ -274,11 +277,7 @@ impl LinkClient {
         };
         if let Err(e) = conn.queue.try_send(request) {
             conn.waiting.lock().expect("link lock").remove(&id);
-            let reason = match e {
-                mpsc::error::TrySendError::Full(_) => "send queue full",
-                mpsc::error::TrySendError::Closed(_) => "connection closed",
-            };
-            return Err(LinkError::Unreachable { target: self.target, reason: reason.into() });
+            return Err(self.refused(e));
         }
         match tokio::time::timeout(wait, rx).await {
             Ok(Ok(reply)) => Ok(reply),

@@ -410,11 +410,8 @@ impl Router {
         wait: Duration,
     ) -> Result<Resp, RPCError<C>> {
         let link = self.link(target)?;
-        metrics::counter!("tocsin_raft_rpcs_sent_total", "rpc" => kind.as_str_name()).increment(1);
-        if crate::fault::hit(&format!("raft::to::{target}")).await.is_some()
-            || crate::fault::hit(&format!("raft::from::{}", self.inner.node_id)).await.is_some()
-        {
-            return Err(RPCError::Unreachable(Unreachable::from_string("dropped by a fault point")));
+        if self.sent_or_dropped(target, kind, true).await {
+            return Err(RPCError::Unreachable(Unreachable::from_string(DROPPED_BY_FAULT)));
         }
         let wait = wait.min(self.inner.rpc_timeout);
         let sent_wall_ms = self.inner.clock.wall_ms();
@@ -433,14 +430,27 @@ impl Router {
     /// `groups` as (group, term), one way (no reply).
     pub fn liveness(&self, target: u64, groups: &[(u64, u64)]) -> Result<(), String> {
         let kind = pb::RaftRpcKind::Liveness;
-        metrics::counter!("tocsin_raft_rpcs_sent_total", "rpc" => kind.as_str_name()).increment(1);
-        if crate::fault::hit_now(&format!("raft::to::{target}")).is_some()
-            || crate::fault::hit_now(&format!("raft::from::{}", self.inner.node_id)).is_some()
-        {
-            return Err("dropped by a fault point".into());
+        // Never pending: without `may_wait` nothing in it sleeps.
+        if futures::FutureExt::now_or_never(self.sent_or_dropped(target, kind, false)).unwrap_or(true) {
+            return Err(DROPPED_BY_FAULT.into());
         }
         let link = self.link(target).map_err(|e| e.to_string())?;
         link.send(kind, self.inner.node_id, encode(&groups), self.inner.clock.wall_ms()).map_err(|e| e.to_string())
+    }
+
+    /// Counts one message of `kind` to `target` as sent, and reads the
+    /// fault points `raft::to::<target>` and `raft::from::<this node>`:
+    /// true when one of them drops it. A `delay:` action sleeps here when
+    /// `may_wait`, and is ignored otherwise (a one-way send cannot wait).
+    async fn sent_or_dropped(&self, target: u64, kind: pb::RaftRpcKind, may_wait: bool) -> bool {
+        metrics::counter!("tocsin_raft_rpcs_sent_total", "rpc" => kind.as_str_name()).increment(1);
+        for point in [format!("raft::to::{target}"), format!("raft::from::{}", self.inner.node_id)] {
+            let hit = if may_wait { crate::fault::hit(&point).await } else { crate::fault::hit_now(&point) };
+            if hit.is_some() {
+                return true;
+            }
+        }
+        false
     }
 
     fn deadline(&self, option: &RPCOption) -> Duration {
@@ -457,6 +467,9 @@ fn reply_to<T: DeserializeOwned>(reply: pb::RaftReply) -> Result<T, RPCError<C>>
     }
     decode(&reply.payload).map_err(|e| RPCError::Network(NetworkError::from_string(e)))
 }
+
+/// Why an RPC that a fault point dropped failed.
+const DROPPED_BY_FAULT: &str = "dropped by a fault point";
 
 /// Hears every reply on the links, including those whose caller stopped
 /// waiting: openraft gives up on a heartbeat after 50 ms, but its reply

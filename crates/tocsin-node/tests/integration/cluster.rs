@@ -123,3 +123,44 @@ pub fn pull_create(namespace: &str, id: &str, fire_at_ms: u64) -> pb::CreateTime
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
 }
+
+/// Reserves every timer in `expected` through one `Reserve` stream for
+/// `namespace`'s topic "t" and acks each batch, asserting that none is
+/// delivered early (5 ms of clock slack), none was never created, and every
+/// ack succeeds; fails after `within`. Returns the latest delivery's
+/// lateness in ms.
+pub async fn drain_reserve(
+    client: &mut TimerServiceClient<Channel>,
+    namespace: &str,
+    expected: &std::collections::BTreeSet<String>,
+    within: Duration,
+) -> u64 {
+    let mut stream = client
+        .reserve(pb::ReserveRequest { namespace: namespace.into(), topic: "t".into(), ..Default::default() })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut delivered = std::collections::BTreeSet::new();
+    let mut latest_ms = 0;
+    let deadline = tokio::time::Instant::now() + within;
+    while delivered.len() < expected.len() {
+        let batch = tokio::time::timeout_at(deadline, stream.message())
+            .await
+            .unwrap_or_else(|_| panic!("every timer delivered within {within:?}"))
+            .unwrap()
+            .expect("the stream stays open");
+        let received_ms = now_ms();
+        let mut refs = Vec::new();
+        for d in batch.deliveries {
+            assert!(received_ms + 5 >= d.fire_at_ms, "{} delivered {} ms early", d.id, d.fire_at_ms - received_ms);
+            assert!(expected.contains(&d.id), "{} was never created", d.id);
+            latest_ms = latest_ms.max(received_ms.saturating_sub(d.fire_at_ms));
+            delivered.insert(d.id.clone());
+            refs.push(pb::DeliveryRef { namespace: d.namespace, id: d.id, fire_id: d.fire_id, attempt: d.attempt });
+        }
+        let acked = client.ack(pb::AckRequest { deliveries: refs }).await.unwrap().into_inner();
+        assert!(acked.results.iter().all(|r| r.status == pb::ack_result::Status::Ok as i32), "{acked:?}");
+    }
+    assert_eq!(&delivered, expected);
+    latest_ms
+}

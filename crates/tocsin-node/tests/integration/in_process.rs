@@ -5,8 +5,6 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use tocsin_proto::v1 as pb;
-
 use crate::cluster::Cluster;
 use crate::cluster::id_on_shard;
 use crate::cluster::now_ms;
@@ -93,31 +91,6 @@ async fn forwarding_batching_and_firing_in_one_process() {
     // Phase: everything fires (never early) and is delivered once through
     // one Reserve stream opened on a follower, which relays every node's
     // shards; acked deliveries finish their timers.
-    let mut stream = client
-        .reserve(pb::ReserveRequest { namespace: "fwd".into(), topic: "t".into(), ..Default::default() })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut delivered = BTreeSet::new();
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while delivered.len() < created.len() {
-        let batch = tokio::time::timeout_at(deadline, stream.message())
-            .await
-            .expect("every timer delivered within 30 s")
-            .unwrap()
-            .expect("the stream stays open");
-        let received_ms = now_ms();
-        let mut refs = Vec::new();
-        for d in batch.deliveries {
-            assert!(received_ms + 5 >= d.fire_at_ms, "{} delivered {} ms early", d.id, d.fire_at_ms - received_ms);
-            assert!(created.contains(&d.id), "{} was never created", d.id);
-            delivered.insert(d.id.clone());
-            refs.push(pb::DeliveryRef { namespace: d.namespace, id: d.id, fire_id: d.fire_id, attempt: d.attempt });
-        }
-        let acked = client.ack(pb::AckRequest { deliveries: refs }).await.unwrap().into_inner();
-        assert!(acked.results.iter().all(|r| r.status == pb::ack_result::Status::Ok as i32), "{acked:?}");
-    }
-    assert_eq!(delivered, created);
-    drop(stream);
+    crate::cluster::drain_reserve(&mut client, "fwd", &created, Duration::from_secs(30)).await;
     cluster.shutdown().await;
 }

@@ -139,34 +139,9 @@ async fn idle_groups_go_quiet_keep_their_leaders_fire_on_time_and_fail_over() {
 
     // Phase: the timers of the groups that stayed quiet fire on time: none
     // early, none more than a second late.
-    let mut stream = client
-        .reserve(pb::ReserveRequest { namespace: "quiet".into(), topic: "t".into(), ..Default::default() })
-        .await
-        .unwrap()
-        .into_inner();
-    let mut delivered = BTreeSet::new();
-    let mut latest_ms = 0;
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    while delivered.len() < created.len() {
-        let batch = tokio::time::timeout_at(deadline, stream.message())
-            .await
-            .expect("every timer delivered within 15 s")
-            .unwrap()
-            .expect("the stream stays open");
-        let received_ms = now_ms();
-        let mut refs = Vec::new();
-        for d in batch.deliveries {
-            assert!(received_ms + 5 >= d.fire_at_ms, "{} delivered {} ms early", d.id, d.fire_at_ms - received_ms);
-            assert!(received_ms < d.fire_at_ms + 1_000, "{} delivered {} ms late", d.id, received_ms - d.fire_at_ms);
-            latest_ms = latest_ms.max(received_ms.saturating_sub(d.fire_at_ms));
-            delivered.insert(d.id.clone());
-            refs.push(pb::DeliveryRef { namespace: d.namespace, id: d.id, fire_id: d.fire_id, attempt: d.attempt });
-        }
-        client.ack(pb::AckRequest { deliveries: refs }).await.unwrap();
-    }
-    assert_eq!(delivered, created);
+    let latest_ms = crate::cluster::drain_reserve(&mut client, "quiet", &created, Duration::from_secs(15)).await;
+    assert!(latest_ms < 1_000, "a quiet group's timer was delivered {latest_ms} ms late");
     eprintln!("quiet groups' timers delivered at most {latest_ms} ms late");
-    drop(stream);
 
     // Phase: quiet again, shard 1's leader node falls silent (every Raft
     // message it sends, LIVENESS included, is dropped). Its followers stop
