@@ -31,7 +31,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let cancel = client.cancel_timer("orders", "order-42").await?;
     println!("cancel: {:?}", pb::cancel_timer_response::Outcome::try_from(cancel.outcome));
 
-    // A batch is split per shard and sent to each shard's leader.
+    // A batch is split per leader node: one call to each node that leads
+    // some of its shards.
     let batch: Vec<_> = (0..100)
         .map(|i| tocsin_client::webhook_timer("orders", &format!("batch-{i}"), 60_000, "http://127.0.0.1:9000/hook"))
         .collect();

@@ -15,7 +15,8 @@
 //! Retrying is safe because the API is idempotent by design: a create is
 //! keyed by the client's id (a repeat with the same spec returns the existing
 //! timer), and a cancel answers definitely whether it ran now or earlier.
-//! `CreateTimers` batches are split per shard and sent concurrently.
+//! `CreateTimers` batches are split per leader node (the node splits them per
+//! shard) and sent concurrently.
 //! Concurrent single creates bound for the same node share a `CreateTimers`
 //! call while that node has calls out (`coalesce.rs`; never delayed, and
 //! answered exactly as `CreateTimer` would).

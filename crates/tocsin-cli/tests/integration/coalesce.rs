@@ -2,7 +2,7 @@
 //! `CreateTimers` calls (the client's coalescing, `tocsin-client`'s
 //! `coalesce.rs`), and each caller still gets the answer `CreateTimer`
 //! gives on its own: a new timer, an identical retry, a conflicting spec,
-//! an invalid field.
+//! an invalid field. A `CreateTimers` batch goes one call per leader node.
 
 use std::time::Duration;
 
@@ -106,4 +106,29 @@ async fn concurrent_single_creates_share_calls_and_keep_their_own_answers() {
         (calls(&node.http, "CreateTimer").await - singles, calls(&node.http, "CreateTimers").await - batches);
     assert_eq!(singles, 0, "every create went through a shared call");
     assert!((1..reqs.len() as u64 / 4).contains(&batches), "{batches} calls for {} creates", reqs.len());
+
+    // Phase: a `CreateTimers` batch over every shard goes to the node in one
+    // call (the node splits it per shard), not one call per shard, and each
+    // item is answered in its place, the specials' refusals included.
+    let before = calls(&node.http, "CreateTimers").await;
+    let mut batch: Vec<pb::CreateTimerRequest> = (0..296).map(|i| req(&format!("b-{i}"), b"x")).collect();
+    for (k, special) in specials.iter().enumerate() {
+        batch.insert(70 * k + 5, special.clone());
+    }
+    let shards: std::collections::BTreeSet<u32> = batch.iter().map(|r| client.shard_of(&r.namespace, &r.id)).collect();
+    assert!(shards.len() > 1, "the batch spans {} shards", shards.len());
+    let got = client.create_timers(batch.clone()).await;
+    assert_eq!(got.len(), batch.len());
+    for (i, (r, got)) in batch.iter().zip(&got).enumerate() {
+        match specials.iter().position(|s| s.id == r.id && s.payload == r.payload) {
+            Some(k) => assert_eq!(answer(got), expected[k], "special {k} at {i} of the batch"),
+            None => assert_eq!(
+                answer(got),
+                format!("ok created=true id={} payload={:?} fire_at_ms={fire_at_ms}", r.id, r.payload),
+                "batch item {i}"
+            ),
+        }
+    }
+    let batch_calls = calls(&node.http, "CreateTimers").await - before;
+    assert_eq!(batch_calls, 1, "a batch over {} shards of one node took {batch_calls} calls", shards.len());
 }

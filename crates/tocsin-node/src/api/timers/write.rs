@@ -453,8 +453,9 @@ impl TimerApi {
                     by_leader.entry(leader).or_default().push(i);
                 }
             }
-            // The shard-aware client sends one shard's items per call: then
-            // one leader answered them all, and the client learns it.
+            // One leader answered every forwarded item: a call of one
+            // shard's items tells the client where that shard went; of
+            // several shards', that its map is stale (`coalesce.rs`).
             let only_leader = match by_leader.keys().collect::<Vec<_>>().as_slice() {
                 [(_, id)] => Some(*id),
                 _ => None,
