@@ -12,7 +12,9 @@
 # variables reach the nodes (TOCSIN_RAFT__QUIET_HEARTBEAT_MS=0 turns quiet
 # groups off, for an A/B); IDLE_BIN names the directory holding `tocsin`
 # and skips the build. Ports 7070-7091 must be free; data goes to a
-# temporary directory that is removed at the end.
+# temporary directory that is removed at the end. Besides CPU it prints each
+# thread kind's context switches a second: how often it was put to sleep
+# and woken again, the cost an idle node is made of.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 nodes="${1:-3}"
@@ -63,7 +65,9 @@ snapshot() {
       rest="${stat##*) }"
       # shellcheck disable=SC2086
       set -- $rest
-      echo "$p $(tr ' ' '_' <"$t/comm") $((${12} + ${13}))"
+      # Context switches: how often the thread slept and was woken again.
+      switches="$(awk '/ctxt_switches/ { n += $2 } END { print n + 0 }' "$t/status" 2>/dev/null || echo 0)"
+      echo "$p $(tr ' ' '_' <"$t/comm") $((${12} + ${13})) $switches"
     done
   done
 }
@@ -73,12 +77,13 @@ snapshot >"$dir/after"
 python3 - "$dir/before" "$dir/after" "$(getconf CLK_TCK)" "$window" <<'PY'
 import collections, sys
 def read(path):
-    ticks = collections.Counter()
+    ticks, switches = collections.Counter(), collections.Counter()
     for line in open(path):
-        pid, name, t = line.split()
+        pid, name, t, s = line.split()
         ticks[(pid, name)] += int(t)
-    return ticks
-before, after = read(sys.argv[1]), read(sys.argv[2])
+        switches[(pid, name)] += int(s)
+    return ticks, switches
+(before, before_sw), (after, after_sw) = read(sys.argv[1]), read(sys.argv[2])
 hz, window = int(sys.argv[3]), float(sys.argv[4])
 share = lambda t: 100.0 * t / hz / window
 per_node, per_thread = collections.Counter(), collections.Counter()
@@ -90,4 +95,8 @@ for n, (pid, t) in enumerate(sorted(per_node.items()), 1):
     print(f"node {n} (pid {pid}): {share(t):.2f}% of a core")
 nodes = len(per_node)
 print("by thread, per node: " + ", ".join(f"{k} {share(v) / nodes:.2f}%" for k, v in per_thread.most_common() if v))
+wakes = collections.Counter()
+for key, n in after_sw.items():
+    wakes[key[1]] += n - before_sw.get(key, 0)
+print("context switches a second, per node: " + ", ".join(f"{k} {v / nodes / window:.0f}" for k, v in wakes.most_common() if v))
 PY

@@ -103,7 +103,7 @@ impl Admission {
                     metrics::gauge!("tocsin_disk_free_bytes").set(free as f64);
                 }
                 drop(a);
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                crate::grid::sleep_to_next_line(Duration::from_secs(1)).await;
             }
         });
         admission

@@ -45,6 +45,7 @@ pub mod egress;
 pub mod error;
 pub mod fault;
 pub mod forward;
+pub mod grid;
 pub mod labels;
 pub mod node;
 pub mod peer_tls;

@@ -506,7 +506,7 @@ async fn report_health(
             last = Some(status);
         }
         let stopping = tokio::select! {
-            _ = tokio::time::sleep(Duration::from_millis(250)) => false,
+            () = crate::grid::sleep_to_next_line(Duration::from_millis(250)) => false,
             _ = shutdown.wait_for(|s| *s) => true,
         };
         if stopping {

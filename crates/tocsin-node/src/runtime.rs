@@ -39,7 +39,6 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
-use std::time::Instant;
 
 use tokio::runtime::Handle;
 
@@ -52,8 +51,9 @@ const SIDE_WORKER_THREADS_MAX: usize = 2;
 pub const LAG_PROBE_EVERY: Duration = Duration::from_millis(20);
 /// How often the Raft runtime's probe wakes: its lag is only a gauge, and
 /// three probes at 50 wake-ups a second were a visible part of an idle
-/// node's CPU.
-const GAUGE_PROBE_EVERY: Duration = Duration::from_millis(100);
+/// node's CPU. A multiple of the heartbeat and LIVENESS lines (40 and 80
+/// ms at the defaults), so on the grid it wakes with them.
+const GAUGE_PROBE_EVERY: Duration = Duration::from_millis(400);
 
 /// A runtime beside the work runtime (Raft's, the fire path's). Dropping it
 /// stops its tasks without waiting for them (openraft's cores are shut
@@ -217,10 +217,11 @@ pub async fn probe_lag(lag_us: Arc<AtomicU64>, gauge: &'static str, every: Durat
     let mut average_us = 0;
     let mut quiet_samples = 0u32;
     while Arc::strong_count(&lag_us) > 1 {
-        let period = next_probe_every(every, quiet_samples);
-        let slept = Instant::now();
-        tokio::time::sleep(period).await;
-        let late_us = slept.elapsed().saturating_sub(period).as_micros() as u64;
+        // On the node's grid (`crate::grid`): the runtime's other periodic
+        // work wakes on these lines too, and lateness counts from the line.
+        let line = crate::grid::next_line(next_probe_every(every, quiet_samples));
+        tokio::time::sleep_until(line).await;
+        let late_us = tokio::time::Instant::now().saturating_duration_since(line).as_micros() as u64;
         quiet_samples = if late_us < QUIET_LAG_US { quiet_samples.saturating_add(1) } else { 0 };
         average_us = next_lag_average_us(average_us, late_us);
         lag_us.store(average_us, Ordering::Relaxed);

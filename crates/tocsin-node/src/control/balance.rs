@@ -44,6 +44,9 @@ const MAX_LAG: u64 = 64;
 /// keeps the rebuilds from landing on the nodes all at once.
 const ROUND: Duration = Duration::from_secs(1);
 const MOVES_PER_ROUND: usize = 3;
+/// How often the health watch looks at the clock and the disk: a clock
+/// found off hands leaderships over within this.
+const HEALTH_EVERY: Duration = Duration::from_millis(50);
 
 /// Voters of a group this node leads (other than itself) that
 /// acknowledged a heartbeat recently and whose log matches this leader's to
@@ -88,7 +91,7 @@ pub async fn run(node: Arc<NodeState>) {
     let mut last_move: BTreeMap<ShardId, Instant> = BTreeMap::new();
     let mut leading_since: BTreeMap<ShardId, Instant> = BTreeMap::new();
     loop {
-        tokio::time::sleep(ROUND).await;
+        crate::grid::sleep_to_next_line(ROUND).await;
         if node.shutting_down() {
             return;
         }
@@ -231,7 +234,9 @@ pub async fn watch_health(node: Arc<NodeState>) {
     let mut was_unsafe = false;
     let mut last_handover: BTreeMap<u64, Instant> = BTreeMap::new();
     loop {
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        // On the node's grid: the one-second control rounds fall on these
+        // lines too (`crate::grid`).
+        crate::grid::sleep_to_next_line(HEALTH_EVERY).await;
         if node.shutting_down() {
             return;
         }

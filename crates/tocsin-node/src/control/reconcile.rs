@@ -58,7 +58,7 @@ pub async fn run(node: Arc<NodeState>) {
         // it is elected, not a round later.
         let wait = if node.map.get().is_bootstrapped() { ROUND } else { FIRST_MAP_POLL };
         tokio::select! {
-            _ = tokio::time::sleep(wait) => {}
+            () = crate::grid::sleep_to_next_line(wait) => {}
             _ = node.map.stale.notified() => {}
         }
         if node.shutting_down() {

@@ -332,14 +332,18 @@ impl FireLoop {
             }
 
             let now = self.ctx.clock.now_ms();
-            let wake_ms = match self.core.next_wake_ms() {
-                Some(at) if self.batches_in_flight < MAX_FIRE_BATCHES_IN_FLIGHT => {
-                    at.saturating_sub(now).min(TICK.as_millis() as u64)
-                }
-                _ => TICK.as_millis() as u64,
-            };
             let now_instant = tokio::time::Instant::now();
-            let wake_at = now_instant + Duration::from_millis(wake_ms);
+            // With nothing due sooner, the next look is on the node's grid
+            // (`crate::grid`), where every shard's loop looks together: one
+            // wake-up of the runtime for all of them, and never later than
+            // a TICK from now.
+            let tick_at = crate::grid::next_line(TICK);
+            let wake_at = match self.core.next_wake_ms() {
+                Some(at) if self.batches_in_flight < MAX_FIRE_BATCHES_IN_FLIGHT => {
+                    tick_at.min(now_instant + Duration::from_millis(at.saturating_sub(now)))
+                }
+                _ => tick_at,
+            };
             // Keep a pending wake-up that comes no later than needed (an early
             // turn is harmless); move one that has passed or comes too late.
             if wake.deadline() <= now_instant || wake.deadline() > wake_at {

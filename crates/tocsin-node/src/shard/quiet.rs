@@ -136,12 +136,26 @@ struct QuietInner {
     heartbeats: AtomicU64,
     /// `LIVENESS` messages this node sent.
     sent: AtomicU64,
+    /// Told when a group is listed while none was: the sender waits on it
+    /// instead of waking on every line for nothing.
+    first_listed: tokio::sync::Notify,
 }
 
 impl Quiet {
     /// Lists `group`, led in `term`, as quiet as of `now`.
     pub fn list(&self, group: u64, term: u64, now: Instant) {
-        self.inner.leading.lock().expect("quiet lock").insert(group, (term, now));
+        let mut leading = self.inner.leading.lock().expect("quiet lock");
+        if leading.is_empty() {
+            self.inner.first_listed.notify_one();
+        }
+        leading.insert(group, (term, now));
+    }
+
+    /// Returns once a group is listed, if none is now; or at once, if one
+    /// was listed since the last call. (A permit, not a broadcast: a
+    /// listing between a sender's look and its wait is not missed.)
+    pub async fn wait_listed(&self) {
+        self.inner.first_listed.notified().await;
     }
 
     /// `group` is not quiet (or not led here) any more.
@@ -253,6 +267,23 @@ pub fn liveness_every(heartbeat: Duration) -> Duration {
     heartbeat * 2
 }
 
+/// When a follower whose deadline counts from a LIVENESS message looks
+/// again, at `now`, ahead of its election `deadline`: on the last line of
+/// the node's grid of spacing `every` (the LIVENESS lines) at or before the
+/// deadline, when the node's quiet leaders' timers and its LIVENESS sender
+/// wake anyway, and all its followers with them; at the deadline itself
+/// when no line falls after `now` and before it. A look that finds no new
+/// word moves to the deadline, so the campaign is never later. Pure.
+pub fn recheck_at(now: Instant, deadline: Instant, grid_base: Instant, every: Duration) -> Instant {
+    let first = crate::grid::line_after(now, grid_base, every);
+    if first > deadline {
+        return deadline;
+    }
+    let every_us = every.as_micros().max(1);
+    let lines = deadline.saturating_duration_since(grid_base).as_micros() / every_us;
+    grid_base + Duration::from_micros((lines * every_us) as u64)
+}
+
 /// Whether the grid line `at` is one of the quiet grid's, on which every
 /// quiet group of the node heartbeats: every `quiet_every` (rounded down
 /// to whole LIVENESS intervals), on lines that also carry a LIVENESS
@@ -315,6 +346,26 @@ mod tests {
         // A quiet interval shorter than two heartbeats: every LIVENESS line.
         assert!(quiet_line(ms(80), base, hb, Duration::from_millis(40)));
         assert_eq!(liveness_every(hb), Duration::from_millis(80));
+    }
+
+    #[test]
+    fn a_quiet_follower_looks_on_the_last_line_before_its_deadline_or_at_it() {
+        let base = Instant::now();
+        let ms = |n| base + Duration::from_millis(n);
+        let every = Duration::from_millis(80);
+        // Lines at 80, 160, 240: the last one at or before 250 is 240.
+        assert_eq!(recheck_at(ms(10), ms(250), base, every), ms(240));
+        assert_eq!(recheck_at(ms(10), ms(240), base, every), ms(240));
+        // No line after now and before the deadline: the deadline.
+        assert_eq!(recheck_at(ms(241), ms(300), base, every), ms(300));
+        assert_eq!(recheck_at(ms(240), ms(250), base, every), ms(250));
+        // Never after the deadline, never before the next line.
+        for now in 0..400 {
+            for deadline in now + 1..now + 300 {
+                let at = recheck_at(ms(now), ms(deadline), base, every);
+                assert!(at <= ms(deadline) && at > ms(now), "now {now} deadline {deadline}");
+            }
+        }
     }
 
     #[test]

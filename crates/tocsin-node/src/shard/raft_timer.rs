@@ -13,7 +13,7 @@
 //!
 //! - **A leader with a peer** (voter or learner) sends a heartbeat every
 //!   `heartbeat_ms`, on a grid every group of the node shares
-//!   ([`next_heartbeat_at`]): the node's heartbeats to a peer leave
+//!   (the node's wake-up grid, `crate::grid`): the node's heartbeats to a peer leave
 //!   together and share one link frame. A leader alone needs none.
 //! - **A voter that does not lead** campaigns at openraft's own deadline
 //!   (`handle_tick_election`): the vote's last update, plus its lease (the
@@ -43,7 +43,6 @@
 //! only stops its tick, and a triggered election ignores it.
 
 use std::sync::Arc;
-use std::sync::LazyLock;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -52,15 +51,6 @@ use openraft::ServerState;
 use rand::Rng as _;
 use tocsin_store::Raft;
 use tokio::time::Instant;
-
-/// The node-wide origin of the heartbeat grid.
-static GRID_BASE: LazyLock<Instant> = LazyLock::new(Instant::now);
-
-/// The origin of the grid every group's heartbeats (and the node's
-/// `LIVENESS` messages) fall on.
-pub fn grid_base() -> Instant {
-    *GRID_BASE
-}
 
 /// Whether this node may campaign: false while its clock is off from its
 /// peers (`control::balance::watch_health`). Shared by all its groups.
@@ -133,15 +123,6 @@ impl Timings {
         let max = (self.election_max.as_millis() as u64).max(min + 1);
         Duration::from_millis(rand::rng().random_range(min..max))
     }
-}
-
-/// The first grid line strictly after `now`: `base` plus a whole number of
-/// `every`.
-pub fn next_heartbeat_at(now: Instant, base: Instant, every: Duration) -> Instant {
-    let every_us = every.as_micros().max(1);
-    let since_us = now.saturating_duration_since(base).as_micros();
-    let lines = since_us / every_us + 1;
-    base + Duration::from_micros((lines * every_us) as u64)
 }
 
 /// When a voter campaigns, by openraft's rule: the vote's last update, plus
@@ -236,7 +217,7 @@ pub fn next_step(
 ) -> Step {
     match role {
         Role::LoneLeader | Role::NotVoter => Step::Idle,
-        Role::Leader => Step::HeartbeatAt(next_heartbeat_at(now, grid_base, timings.heartbeat)),
+        Role::Leader => Step::HeartbeatAt(crate::grid::line_after(now, grid_base, timings.heartbeat)),
         // openraft's tick elects a lone voter at once, lease or not.
         Role::Voter { lone: true } => Step::Elect { pre_vote: false },
         Role::Voter { lone: false } => {
@@ -269,7 +250,7 @@ pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaignin
     use openraft::async_runtime::WatchReceiver as _;
     raft.runtime_config().tick(false);
     let timings = Timings::of(raft.config());
-    let grid_base = *GRID_BASE;
+    let grid_base = crate::grid::base();
     let started = Instant::now();
     let mut drawn = timings.draw();
     let mut metrics = raft.server_metrics();
@@ -285,6 +266,8 @@ pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaignin
             memory = None;
         }
         let now = Instant::now();
+        // Whether the vote clock below counts from a LIVENESS message.
+        let mut heard_quiet = false;
         let vote = match role {
             Role::Voter { lone: false } => {
                 // While a quiet leader's LIVENESS messages keep the deadline
@@ -300,7 +283,10 @@ pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaignin
                 });
                 match heard_ahead {
                     // Only a committed vote's heard time counts.
-                    Some(heard) => Some(VoteClock { updated: Some(heard), leader_vote: true }),
+                    Some(heard) => {
+                        heard_quiet = true;
+                        Some(VoteClock { updated: Some(heard), leader_vote: true })
+                    }
                     None => match read_vote(&raft).await {
                         Some(read) => {
                             vote_read = Some(read);
@@ -311,6 +297,7 @@ pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaignin
                                 Some(read.leader),
                                 read.clock.leader_vote,
                             );
+                            heard_quiet = heard.is_some_and(|h| read.clock.updated.is_none_or(|u| h > u));
                             Some(VoteClock { updated: read.clock.updated.max(heard), ..read.clock })
                         }
                         // The core stopped: nothing left to time.
@@ -325,8 +312,18 @@ pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaignin
             Step::Idle => None,
             // A quiet leader wakes on the LIVENESS grid only (`quiet.rs`).
             Step::HeartbeatAt(_) if memory.as_ref().is_some_and(|m| m.quiet) => {
-                Some(next_heartbeat_at(now, grid_base, crate::shard::quiet::liveness_every(timings.heartbeat)))
+                Some(crate::grid::line_after(now, grid_base, crate::shard::quiet::liveness_every(timings.heartbeat)))
             }
+            // A follower of a quiet group looks again on the last LIVENESS
+            // line before its deadline, when the node's own line wake-ups
+            // run anyway; silence since then moves the look to the
+            // deadline itself, so a campaign is not a moment later.
+            Step::CheckAt(at) if heard_quiet => Some(crate::shard::quiet::recheck_at(
+                now,
+                at,
+                grid_base,
+                crate::shard::quiet::liveness_every(timings.heartbeat),
+            )),
             Step::HeartbeatAt(at) | Step::CheckAt(at) => Some(at),
             Step::Elect { pre_vote } => {
                 if campaigning.allowed() && raft.trigger().elect(pre_vote).await.is_err() {
@@ -421,18 +418,21 @@ fn heartbeat_due(
 /// way: a lost message only lets the follower's deadline come closer. Runs
 /// for the node's life, on the Raft runtime.
 pub async fn run_liveness(quiet: crate::shard::quiet::Quiet, router: crate::shard::raft::Router, heartbeat: Duration) {
-    let grid_base = *GRID_BASE;
+    let grid_base = crate::grid::base();
     let every = crate::shard::quiet::liveness_every(heartbeat);
     let fresh = heartbeat * crate::shard::quiet::LISTING_FRESH_HEARTBEATS;
     loop {
         let now = Instant::now();
-        tokio::time::sleep_until(next_heartbeat_at(now, grid_base, every)).await;
+        tokio::time::sleep_until(crate::grid::line_after(now, grid_base, every)).await;
         // Let the quiet leaders' timers, woken on the same line, renew
         // their listings (and queue their heartbeats) first.
         tokio::task::yield_now().await;
         let groups = quiet.listed(Instant::now(), fresh);
         metrics::gauge!("tocsin_raft_quiet_groups").set(groups.len() as f64);
         if groups.is_empty() {
+            // Nothing quiet to tell (a lone node's groups never are): sleep
+            // until a group is listed, not to every line.
+            quiet.wait_listed().await;
             continue;
         }
         for (peer, _) in router.known() {
@@ -456,17 +456,6 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
-    }
-
-    #[test]
-    fn heartbeats_fall_on_one_grid_for_every_group() {
-        let base = Instant::now();
-        // Two groups that ask at different moments wake at the same line.
-        assert_eq!(next_heartbeat_at(base + ms(1), base, ms(40)), base + ms(40));
-        assert_eq!(next_heartbeat_at(base + ms(39), base, ms(40)), base + ms(40));
-        // On a line, the next one: a heartbeat just sent is not sent again.
-        assert_eq!(next_heartbeat_at(base + ms(40), base, ms(40)), base + ms(80));
-        assert_eq!(next_heartbeat_at(base, base, ms(40)), base + ms(40));
     }
 
     #[test]

@@ -1,0 +1,75 @@
+//! The node's wake-up grid: periodic work whose exact instant does not
+//! matter sleeps to the next line of one node-wide grid, not for a period
+//! from its own last turn, so the tasks of a runtime that share a period
+//! (or periods that are multiples of each other) wake together.
+//!
+//! Why: an idle node is made of wake-ups. Each one that a thread sleeps
+//! and is woken for costs a context switch, an `epoll_wait` and, on this
+//! machine (a VM), a timer exit; measured at 30-100 µs of a core apiece
+//! depending on the hour (`deploy/idle.sh` prints them per thread). Sixteen
+//! fire loops ticking every 500 ms from their own start were 32 separate
+//! wake-ups a second; on the grid they are two, and the control loops'
+//! one-second rounds fall on lines the health watch wakes on anyway.
+//!
+//! What is on it: every group's heartbeats and the node's `LIVENESS`
+//! messages (`shard::raft_timer`), a fire loop's look when nothing is due
+//! sooner (`shard::leader`), the runtimes' lag probes (`runtime`), the
+//! health watch, the balancer, the disk check, the reconcile round and the
+//! gRPC health report (`control`, `admission`, `node`). What is not:
+//! anything timed to an instant of its own (a timer's fire time, a
+//! follower's election deadline, a retry's backoff).
+
+use std::sync::LazyLock;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The grid's origin: the first time any of the node asks for it.
+static BASE: LazyLock<Instant> = LazyLock::new(Instant::now);
+
+/// The grid's origin for this process.
+pub fn base() -> Instant {
+    *BASE
+}
+
+/// The first line strictly after `now` of the grid with origin `base` and
+/// spacing `every`. Pure.
+pub fn line_after(now: Instant, base: Instant, every: Duration) -> Instant {
+    let every_us = every.as_micros().max(1);
+    let since_us = now.saturating_duration_since(base).as_micros();
+    let lines = since_us / every_us + 1;
+    base + Duration::from_micros((lines * every_us) as u64)
+}
+
+/// The next line of the node's grid of spacing `every`: never more than
+/// `every` away.
+pub fn next_line(every: Duration) -> Instant {
+    line_after(Instant::now(), base(), every)
+}
+
+/// Sleeps to the next line of the node's grid of spacing `every`.
+pub async fn sleep_to_next_line(every: Duration) {
+    tokio::time::sleep_until(next_line(every)).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn tasks_that_ask_at_different_moments_wake_on_one_line() {
+        let base = Instant::now();
+        assert_eq!(line_after(base + ms(1), base, ms(40)), base + ms(40));
+        assert_eq!(line_after(base + ms(39), base, ms(40)), base + ms(40));
+        // On a line, the next one: work just done is not done again.
+        assert_eq!(line_after(base + ms(40), base, ms(40)), base + ms(80));
+        assert_eq!(line_after(base, base, ms(40)), base + ms(40));
+        // A period that is a multiple of another lands on its lines.
+        assert_eq!(line_after(base + ms(730), base, ms(1_000)), base + ms(1_000));
+        assert_eq!(line_after(base + ms(990), base, ms(50)), base + ms(1_000));
+    }
+}
