@@ -91,8 +91,7 @@ async fn whole_cluster(client: &Client, digests: bool) -> anyhow::Result<pb::Clu
         node.reachable = answer.is_some();
         // A metadata voter's own report is the best one.
         if let Some(meta) = answer.as_ref().and_then(|a| a.metadata.clone())
-            && meta.hosted
-            && merged.metadata.as_ref().is_none_or(|m| meta.term > m.term || (meta.term == m.term && meta.leader != 0))
+            && better_metadata(&meta, merged.metadata.as_ref(), node.node_id)
         {
             merged.metadata = Some(meta);
         }
@@ -109,6 +108,23 @@ async fn whole_cluster(client: &Client, digests: bool) -> anyhow::Result<pb::Clu
     }
     merged.shards = shards.into_values().map(|(s, _)| s).collect();
     Ok(merged)
+}
+
+/// Whether node `reporter`'s report of the metadata group, `meta`, is
+/// better than the one `have`: only a replica's own report counts, and only
+/// one that names the group's voters (a replica that has heard of the
+/// group's leader but not yet received its membership reports none: seen
+/// right after a cluster starts, when it made `admin status` show no
+/// voters). Then a newer term wins; in the same term, the leader's own
+/// report, or any report that names a leader where `have` names none.
+fn better_metadata(meta: &pb::MetadataStatus, have: Option<&pb::MetadataStatus>, reporter: u64) -> bool {
+    if !meta.hosted || meta.voters.is_empty() {
+        return false;
+    }
+    let Some(have) = have else { return true };
+    meta.term > have.term
+        || (meta.term == have.term
+            && (have.voters.is_empty() || meta.leader == reporter || (have.leader == 0 && meta.leader != 0)))
 }
 
 async fn node_info(grpc_addr: String, digests: bool) -> Option<pb::ClusterInfo> {
@@ -232,4 +248,30 @@ fn status_json(info: &pb::ClusterInfo) -> serde_json::Value {
             "timer_count": s.timer_count,
         })).collect::<Vec<_>>(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(voters: &[u64], leader: u64, term: u64) -> pb::MetadataStatus {
+        pb::MetadataStatus { voters: voters.to_vec(), leader, term, hosted: true, ..Default::default() }
+    }
+
+    #[test]
+    fn the_metadata_leaders_own_report_wins_and_one_without_voters_never_does() {
+        let leaders = meta(&[1, 2, 3], 1, 1);
+        // Right after a start: node 3 knows the leader, not yet the voters.
+        let early = meta(&[], 1, 1);
+        assert!(!better_metadata(&early, Some(&leaders), 3));
+        assert!(!better_metadata(&early, None, 3));
+        // A follower's report does not displace the leader's in its term...
+        assert!(better_metadata(&leaders, Some(&meta(&[1, 2, 3], 1, 1)), 1));
+        assert!(!better_metadata(&meta(&[1, 2, 3], 1, 1), Some(&leaders), 2));
+        // ...but a newer term does, and one with a leader beats one without.
+        assert!(better_metadata(&meta(&[1, 2, 3], 2, 2), Some(&leaders), 3));
+        assert!(better_metadata(&meta(&[1, 2, 3], 1, 1), Some(&meta(&[1, 2, 3], 0, 1)), 2));
+        // Only a replica's own report counts.
+        assert!(!better_metadata(&pb::MetadataStatus { hosted: false, ..leaders.clone() }, None, 1));
+    }
 }
