@@ -251,7 +251,21 @@ async fn add_drain_remove_and_decommission_under_load() {
     let info = tocsin_contract::codes::info_of(&refused);
     assert_eq!(info.map_epoch, epoch_after_add);
     assert!(info.message.contains("stale shard map"), "{}", info.message);
-    raw.create_timer(create(epoch_after_add)).await.expect("routed by the current map");
+    // Routed by the current map it is served. The balancer may be moving
+    // the shard's leadership at this moment (node 4 just joined): a new
+    // leader answers UNAVAILABLE with a retry hint until its epoch entry
+    // commits, and a client retries that, as this one does.
+    let mut attempts = 0;
+    loop {
+        match raw.create_timer(create(epoch_after_add)).await {
+            Ok(_) => break,
+            Err(e) if e.code() == tonic::Code::Unavailable && attempts < 50 => {
+                attempts += 1;
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("routed by the current map: {e:?}"),
+        }
+    }
     client.cancel_timer("ops", &id).await.unwrap();
 
     // Phase: move one replica of a shard onto node 4, which holds none of
