@@ -39,20 +39,25 @@ pub enum Fault {
 /// builds). A `delay:<ms>` action sleeps here, asynchronously, and then
 /// reports nothing.
 pub async fn hit(name: &str) -> Option<Fault> {
-    match check(name)? {
-        Action::Fault(f) => Some(f),
-        Action::Delay(d) => {
-            tokio::time::sleep(d).await;
+    match check_now(name) {
+        Err(f) => Some(f),
+        Ok(delay) => {
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
             None
         }
     }
 }
 
-/// Like [`hit`], for code that cannot wait: a delay is reported as nothing.
-pub fn hit_now(name: &str) -> Option<Fault> {
-    match check(name)? {
-        Action::Fault(f) => Some(f),
-        Action::Delay(_) => None,
+/// Reads the point `name` without waiting: the fault it asks for, or the
+/// delay a `delay:<ms>` action asks the caller to take (zero when the
+/// point is not armed), for code that waits on its own terms or not at all.
+pub fn check_now(name: &str) -> Result<Duration, Fault> {
+    match check(name) {
+        Some(Action::Fault(f)) => Err(f),
+        Some(Action::Delay(d)) => Ok(d),
+        None => Ok(Duration::ZERO),
     }
 }
 

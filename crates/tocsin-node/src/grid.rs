@@ -41,6 +41,14 @@ pub fn line_after(now: Instant, base: Instant, every: Duration) -> Instant {
     base + Duration::from_micros((lines * every_us) as u64)
 }
 
+/// The last line at or before `at` of the grid with origin `base` and
+/// spacing `every` (`base` itself when `at` is before it). Pure.
+pub fn line_at_or_before(at: Instant, base: Instant, every: Duration) -> Instant {
+    let every_us = every.as_micros().max(1);
+    let lines = at.saturating_duration_since(base).as_micros() / every_us;
+    base + Duration::from_micros((lines * every_us) as u64)
+}
+
 /// The next line of the node's grid of spacing `every`: never more than
 /// `every` away.
 pub fn next_line(every: Duration) -> Instant {
@@ -71,5 +79,13 @@ mod tests {
         // A period that is a multiple of another lands on its lines.
         assert_eq!(line_after(base + ms(730), base, ms(1_000)), base + ms(1_000));
         assert_eq!(line_after(base + ms(990), base, ms(50)), base + ms(1_000));
+        // The line a moment belongs to: itself when on one.
+        assert_eq!(line_at_or_before(base + ms(79), base, ms(40)), base + ms(40));
+        assert_eq!(line_at_or_before(base + ms(80), base, ms(40)), base + ms(80));
+        assert_eq!(line_at_or_before(base, base, ms(40)), base);
+        for at in 0..200 {
+            let line = line_at_or_before(base + ms(at), base, ms(40));
+            assert!(line <= base + ms(at) && line_after(line, base, ms(40)) > base + ms(at), "{at}");
+        }
     }
 }

@@ -275,13 +275,8 @@ pub fn liveness_every(heartbeat: Duration) -> Duration {
 /// when no line falls after `now` and before it. A look that finds no new
 /// word moves to the deadline, so the campaign is never later. Pure.
 pub fn recheck_at(now: Instant, deadline: Instant, grid_base: Instant, every: Duration) -> Instant {
-    let first = crate::grid::line_after(now, grid_base, every);
-    if first > deadline {
-        return deadline;
-    }
-    let every_us = every.as_micros().max(1);
-    let lines = deadline.saturating_duration_since(grid_base).as_micros() / every_us;
-    grid_base + Duration::from_micros((lines * every_us) as u64)
+    let last = crate::grid::line_at_or_before(deadline, grid_base, every);
+    if last > now { last } else { deadline }
 }
 
 /// Whether the grid line `at` is one of the quiet grid's, on which every

@@ -410,8 +410,9 @@ impl Router {
         wait: Duration,
     ) -> Result<Resp, RPCError<C>> {
         let link = self.link(target)?;
-        if self.sent_or_dropped(target, kind, true).await {
-            return Err(RPCError::Unreachable(Unreachable::from_string(DROPPED_BY_FAULT)));
+        let delay = self.count_sent(target, kind).map_err(|_| Unreachable::from_string(DROPPED_BY_FAULT))?;
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
         }
         let wait = wait.min(self.inner.rpc_timeout);
         let sent_wall_ms = self.inner.clock.wall_ms();
@@ -430,27 +431,23 @@ impl Router {
     /// `groups` as (group, term), one way (no reply).
     pub fn liveness(&self, target: u64, groups: &[(u64, u64)]) -> Result<(), String> {
         let kind = pb::RaftRpcKind::Liveness;
-        // Never pending: without `may_wait` nothing in it sleeps.
-        if futures::FutureExt::now_or_never(self.sent_or_dropped(target, kind, false)).unwrap_or(true) {
-            return Err(DROPPED_BY_FAULT.into());
-        }
+        // A one-way send cannot wait: a `delay:` action is ignored.
+        self.count_sent(target, kind).map_err(|_| DROPPED_BY_FAULT.to_string())?;
         let link = self.link(target).map_err(|e| e.to_string())?;
         link.send(kind, self.inner.node_id, encode(&groups), self.inner.clock.wall_ms()).map_err(|e| e.to_string())
     }
 
     /// Counts one message of `kind` to `target` as sent, and reads the
     /// fault points `raft::to::<target>` and `raft::from::<this node>`:
-    /// true when one of them drops it. A `delay:` action sleeps here when
-    /// `may_wait`, and is ignored otherwise (a one-way send cannot wait).
-    async fn sent_or_dropped(&self, target: u64, kind: pb::RaftRpcKind, may_wait: bool) -> bool {
+    /// the fault when one of them drops it, else the delay their `delay:`
+    /// actions ask for (zero when neither is armed).
+    fn count_sent(&self, target: u64, kind: pb::RaftRpcKind) -> Result<Duration, crate::fault::Fault> {
         metrics::counter!("tocsin_raft_rpcs_sent_total", "rpc" => kind.as_str_name()).increment(1);
+        let mut delay = Duration::ZERO;
         for point in [format!("raft::to::{target}"), format!("raft::from::{}", self.inner.node_id)] {
-            let hit = if may_wait { crate::fault::hit(&point).await } else { crate::fault::hit_now(&point) };
-            if hit.is_some() {
-                return true;
-            }
+            delay += crate::fault::check_now(&point)?;
         }
-        false
+        Ok(delay)
     }
 
     fn deadline(&self, option: &RPCOption) -> Duration {

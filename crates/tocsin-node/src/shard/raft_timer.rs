@@ -161,6 +161,18 @@ pub struct VoteClock {
     pub updated: Option<Instant>,
     /// The vote is an established leader's (committed), so it holds a lease.
     pub leader_vote: bool,
+    /// `updated` is a LIVENESS message's arrival (`quiet.rs`), later than
+    /// anything the core saw: the group's leader is quiet.
+    pub by_liveness: bool,
+}
+
+impl VoteClock {
+    /// This clock with a LIVENESS message heard at `heard` (one that names
+    /// this vote, `quiet::heard_counts`) counted as word from the leader.
+    pub fn with_liveness(self, heard: Option<Instant>) -> VoteClock {
+        let by_liveness = heard.is_some_and(|h| self.updated.is_none_or(|u| h > u));
+        VoteClock { updated: self.updated.max(heard), by_liveness, ..self }
+    }
 }
 
 /// openraft's view of a group this node leads, for `quiet::is_quiet`.
@@ -266,8 +278,6 @@ pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaignin
             memory = None;
         }
         let now = Instant::now();
-        // Whether the vote clock below counts from a LIVENESS message.
-        let mut heard_quiet = false;
         let vote = match role {
             Role::Voter { lone: false } => {
                 // While a quiet leader's LIVENESS messages keep the deadline
@@ -283,10 +293,7 @@ pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaignin
                 });
                 match heard_ahead {
                     // Only a committed vote's heard time counts.
-                    Some(heard) => {
-                        heard_quiet = true;
-                        Some(VoteClock { updated: Some(heard), leader_vote: true })
-                    }
+                    Some(heard) => Some(VoteClock { updated: Some(heard), leader_vote: true, by_liveness: true }),
                     None => match read_vote(&raft).await {
                         Some(read) => {
                             vote_read = Some(read);
@@ -297,8 +304,7 @@ pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaignin
                                 Some(read.leader),
                                 read.clock.leader_vote,
                             );
-                            heard_quiet = heard.is_some_and(|h| read.clock.updated.is_none_or(|u| h > u));
-                            Some(VoteClock { updated: read.clock.updated.max(heard), ..read.clock })
+                            Some(read.clock.with_liveness(heard))
                         }
                         // The core stopped: nothing left to time.
                         None => return,
@@ -318,7 +324,7 @@ pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaignin
             // line before its deadline, when the node's own line wake-ups
             // run anyway; silence since then moves the look to the
             // deadline itself, so a campaign is not a moment later.
-            Step::CheckAt(at) if heard_quiet => Some(crate::shard::quiet::recheck_at(
+            Step::CheckAt(at) if vote.is_some_and(|v| v.by_liveness) => Some(crate::shard::quiet::recheck_at(
                 now,
                 at,
                 grid_base,
@@ -372,6 +378,7 @@ async fn read_vote(raft: &Raft) -> Option<VoteRead> {
             clock: VoteClock {
                 updated: st.vote_last_modified().map(|at| now - at.elapsed()),
                 leader_vote: st.vote_ref().is_committed(),
+                by_liveness: false,
             },
             leader: (leader.term, leader.node_id),
         }
@@ -462,24 +469,37 @@ mod tests {
     fn a_follower_campaigns_at_openrafts_deadline_lease_plus_draw() {
         let start = Instant::now();
         let heard = start + ms(1_000);
-        let vote = Some(VoteClock { updated: Some(heard), leader_vote: true });
+        let vote = Some(VoteClock { updated: Some(heard), leader_vote: true, by_liveness: false });
         let step = |now| next_step(Role::Voter { lone: false }, now, vote, T, ms(110), start, start);
         // Heard from the leader at 1,000: lease 130 + drawn 110.
         assert_eq!(step(heard + ms(10)), Step::CheckAt(heard + ms(240)));
         assert_eq!(step(heard + ms(239)), Step::CheckAt(heard + ms(240)));
         assert_eq!(step(heard + ms(240)), Step::Elect { pre_vote: true });
         // A candidate's vote holds no lease: only the draw.
-        let candidate = Some(VoteClock { updated: Some(heard), leader_vote: false });
+        let candidate = Some(VoteClock { updated: Some(heard), leader_vote: false, by_liveness: false });
         assert_eq!(
             next_step(Role::Voter { lone: false }, heard + ms(50), candidate, T, ms(110), start, start),
             Step::CheckAt(heard + ms(110))
         );
         // A vote never updated counts from the group's start.
-        let fresh = Some(VoteClock { updated: None, leader_vote: false });
+        let fresh = Some(VoteClock { updated: None, leader_vote: false, by_liveness: false });
         assert_eq!(
             next_step(Role::Voter { lone: false }, start + ms(5), fresh, T, ms(120), start, start),
             Step::CheckAt(start + ms(120))
         );
+    }
+
+    #[test]
+    fn a_liveness_message_counts_only_when_later_than_the_cores_word() {
+        let start = Instant::now();
+        let core = VoteClock { updated: Some(start + ms(100)), leader_vote: true, by_liveness: false };
+        assert_eq!(core.with_liveness(None), core);
+        assert_eq!(core.with_liveness(Some(start + ms(100))), core);
+        assert_eq!(core.with_liveness(Some(start + ms(50))), core);
+        let later = core.with_liveness(Some(start + ms(180)));
+        assert_eq!(later, VoteClock { updated: Some(start + ms(180)), by_liveness: true, ..core });
+        let never = VoteClock { updated: None, ..core };
+        assert_eq!(never.with_liveness(Some(start)), VoteClock { updated: Some(start), by_liveness: true, ..core });
     }
 
     #[test]
@@ -489,7 +509,7 @@ mod tests {
         assert_eq!(next_step(Role::Leader, now, None, T, ms(100), start, start), Step::HeartbeatAt(start + ms(120)));
         assert_eq!(next_step(Role::LoneLeader, now, None, T, ms(100), start, start), Step::Idle);
         assert_eq!(next_step(Role::NotVoter, now, None, T, ms(100), start, start), Step::Idle);
-        let vote = Some(VoteClock { updated: Some(now), leader_vote: true });
+        let vote = Some(VoteClock { updated: Some(now), leader_vote: true, by_liveness: false });
         assert_eq!(
             next_step(Role::Voter { lone: true }, now, vote, T, ms(100), start, start),
             Step::Elect { pre_vote: false }
