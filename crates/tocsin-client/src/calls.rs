@@ -170,27 +170,25 @@ impl Client {
         reqs: &[pb::CreateTimerRequest],
     ) -> (Vec<Result<pb::CreateTimerResponse, ClientError>>, Vec<bool>) {
         let n = reqs.len();
-        let mut by_node: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         let mut by_shard: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
         for (i, req) in reqs.iter().enumerate() {
-            let shard = self.shard_of(&req.namespace, &req.id);
-            match self.leader_addr(shard) {
-                Some(addr) => by_node.entry(addr).or_default().push(i),
-                None => by_shard.entry(shard).or_default().push(i),
-            }
+            by_shard.entry(self.shard_of(&req.namespace, &req.id)).or_default().push(i);
         }
+        // One look at the route per shard, not per item.
+        let mut by_node: BTreeMap<String, Vec<usize>> = BTreeMap::new();
+        by_shard.retain(|shard, positions| match self.leader_addr(*shard) {
+            Some(addr) => {
+                by_node.entry(addr).or_default().append(positions);
+                false
+            }
+            None => true,
+        });
         let mut out: Vec<Option<Result<pb::CreateTimerResponse, ClientError>>> = (0..n).map(|_| None).collect();
         let mut refused = vec![false; n];
-        let node_calls = by_node.into_iter().flat_map(|(addr, positions)| {
-            let chunks: Vec<Vec<usize>> = positions.chunks(MAX_ITEMS_PER_CALL).map(<[usize]>::to_vec).collect();
-            chunks.into_iter().map(move |positions| {
-                let addr = addr.clone();
-                async move {
-                    let timers = positions.iter().map(|i| reqs[*i].clone()).collect();
-                    let result = self.create_timers_at(&addr, timers).await;
-                    (positions, result)
-                }
-            })
+        let node_calls = chunked(by_node).map(|(addr, positions)| async move {
+            let timers = positions.iter().map(|i| reqs[*i].clone()).collect();
+            let result = self.create_timers_at(&addr, timers).await;
+            (positions, result)
         });
         for (positions, result) in futures::future::join_all(node_calls).await {
             match result {
@@ -209,18 +207,15 @@ impl Client {
                 }
             }
         }
-        let shard_calls = by_shard.into_iter().flat_map(|(shard, positions)| {
-            let chunks: Vec<Vec<usize>> = positions.chunks(MAX_ITEMS_PER_CALL).map(<[usize]>::to_vec).collect();
-            chunks.into_iter().map(move |positions| async move {
-                let timers: Vec<pb::CreateTimerRequest> = positions.iter().map(|i| reqs[*i].clone()).collect();
-                let result = self
-                    .call(Some(shard), |mut c| {
-                        let req = self.routed(pb::CreateTimersRequest { timers: timers.clone() });
-                        async move { c.create_timers(req).await }
-                    })
-                    .await;
-                (positions, result)
-            })
+        let shard_calls = chunked(by_shard).map(|(shard, positions)| async move {
+            let timers: Vec<pb::CreateTimerRequest> = positions.iter().map(|i| reqs[*i].clone()).collect();
+            let result = self
+                .call(Some(shard), |mut c| {
+                    let req = self.routed(pb::CreateTimersRequest { timers: timers.clone() });
+                    async move { c.create_timers(req).await }
+                })
+                .await;
+            (positions, result)
         });
         for (positions, result) in futures::future::join_all(shard_calls).await {
             match result {
@@ -677,4 +672,12 @@ impl Client {
         }
         Err(ClientError::Unreachable(last))
     }
+}
+
+/// Each group's positions in calls of at most [`MAX_ITEMS_PER_CALL`] items,
+/// with the group's key (a node's address or a shard) beside each call.
+fn chunked<K: Clone>(groups: BTreeMap<K, Vec<usize>>) -> impl Iterator<Item = (K, Vec<usize>)> {
+    groups.into_iter().flat_map(|(key, positions)| {
+        positions.chunks(MAX_ITEMS_PER_CALL).map(|chunk| (key.clone(), chunk.to_vec())).collect::<Vec<_>>()
+    })
 }

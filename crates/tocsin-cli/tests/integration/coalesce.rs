@@ -88,16 +88,7 @@ async fn concurrent_single_creates_share_calls_and_keep_their_own_answers() {
         async move { client.create_timer(r).await }
     }))
     .await;
-    for (i, (r, got)) in reqs.iter().zip(&got).enumerate() {
-        match specials.iter().position(|s| s.id == r.id && s.payload == r.payload) {
-            Some(k) => assert_eq!(answer(got), expected[k], "special {k} at {i}"),
-            None => assert_eq!(
-                answer(got),
-                format!("ok created=true id={} payload={:?} fire_at_ms={fire_at_ms}", r.id, r.payload),
-                "create {i}"
-            ),
-        }
-    }
+    assert_answers("create", &reqs, &got, &specials, &expected, fire_at_ms);
 
     // Phase: they shared calls. Every answer above came from `CreateTimers`
     // items (none fell back to a call of its own), and fewer calls than
@@ -119,16 +110,31 @@ async fn concurrent_single_creates_share_calls_and_keep_their_own_answers() {
     assert!(shards.len() > 1, "the batch spans {} shards", shards.len());
     let got = client.create_timers(batch.clone()).await;
     assert_eq!(got.len(), batch.len());
-    for (i, (r, got)) in batch.iter().zip(&got).enumerate() {
+    assert_answers("batch item", &batch, &got, &specials, &expected, fire_at_ms);
+    let batch_calls = calls(&node.http, "CreateTimers").await - before;
+    assert_eq!(batch_calls, 1, "a batch over {} shards of one node took {batch_calls} calls", shards.len());
+}
+
+/// Each request's answer in its own place: a special gets what it got on
+/// its own (`expected`, by its index in `specials`), every other request a
+/// new timer with its own id, payload and fire time.
+fn assert_answers(
+    what: &str,
+    reqs: &[pb::CreateTimerRequest],
+    got: &[Result<pb::CreateTimerResponse, ClientError>],
+    specials: &[pb::CreateTimerRequest],
+    expected: &[String],
+    fire_at_ms: u64,
+) {
+    assert_eq!(reqs.len(), got.len(), "{what}: one answer per request");
+    for (i, (r, got)) in reqs.iter().zip(got).enumerate() {
         match specials.iter().position(|s| s.id == r.id && s.payload == r.payload) {
-            Some(k) => assert_eq!(answer(got), expected[k], "special {k} at {i} of the batch"),
+            Some(k) => assert_eq!(answer(got), expected[k], "{what} {i}: special {k}"),
             None => assert_eq!(
                 answer(got),
                 format!("ok created=true id={} payload={:?} fire_at_ms={fire_at_ms}", r.id, r.payload),
-                "batch item {i}"
+                "{what} {i}"
             ),
         }
     }
-    let batch_calls = calls(&node.http, "CreateTimers").await - before;
-    assert_eq!(batch_calls, 1, "a batch over {} shards of one node took {batch_calls} calls", shards.len());
 }
