@@ -60,7 +60,8 @@ struct OneWay {
 }
 
 /// Unix milliseconds now, from the system clock alone (no guard, no test
-/// offset): for file names and logs, never for timers.
+/// offset): for file names, logs and the wake-up grid's origin
+/// (`crate::grid`), never for timers.
 pub fn system_now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }

@@ -78,16 +78,21 @@ pub async fn cluster_info_with_digests(node: &Arc<NodeState>) -> pb::ClusterInfo
 pub async fn cluster_info(node: &Arc<NodeState>) -> pb::ClusterInfo {
     let map = node.fresh_map().await;
     let mut shards = Vec::new();
-    for ctx in node.shards.all() {
+    let ctxs = node.shards.all();
+    // RocksDB reads, off the async workers, in one blocking task for every
+    // shard: a task each was 16 wake-ups of the blocking pool per call,
+    // and every node answers each peer's view every other second, idle or
+    // not (`reconcile.rs`).
+    let reads: Vec<_> = ctxs.iter().map(|ctx| (ctx.store.clone(), ctx.group)).collect();
+    let metas = tokio::task::spawn_blocking(move || {
+        reads.iter().map(|(store, group)| store.shard_meta(*group).unwrap_or_default()).collect::<Vec<_>>()
+    })
+    .await
+    .unwrap_or_default();
+    for (i, ctx) in ctxs.iter().enumerate() {
         let m = ctx.raft.metrics().borrow_watched().clone();
         let membership = m.membership_config.membership();
-        // A RocksDB read: off the async workers.
-        let (store, group) = (ctx.store.clone(), ctx.group);
-        let meta = tokio::task::spawn_blocking(move || store.shard_meta(group))
-            .await
-            .ok()
-            .and_then(Result::ok)
-            .unwrap_or_default();
+        let meta = metas.get(i).cloned().unwrap_or_default();
         let lag = m
             .replication
             .as_ref()
