@@ -60,10 +60,7 @@ pub fn base() -> Instant {
 /// The first line strictly after `now` of the grid with origin `base` and
 /// spacing `every`. Pure.
 pub fn line_after(now: Instant, base: Instant, every: Duration) -> Instant {
-    let every_us = every.as_micros().max(1);
-    let since_us = now.saturating_duration_since(base).as_micros();
-    let lines = since_us / every_us + 1;
-    base + Duration::from_micros((lines * every_us) as u64)
+    line_at_or_before(now, base, every) + Duration::from_micros(every.as_micros().max(1) as u64)
 }
 
 /// The last line at or before `at` of the grid with origin `base` and
