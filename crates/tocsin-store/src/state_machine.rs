@@ -37,6 +37,7 @@ use openraft::entry::RaftEntry;
 use openraft::storage::EntryResponder;
 use openraft::storage::RaftStateMachine;
 use rocksdb::WriteBatch;
+use tocsin_core::Due;
 use tocsin_core::ShardMeta;
 use tocsin_core::TimerKey;
 use tocsin_core::TimerRecord;
@@ -221,6 +222,7 @@ impl StateMachine {
             group: self.group,
             batch: WriteBatch::default(),
             cache: HashMap::new(),
+            written: HashMap::new(),
             horizon: BTreeMap::new(),
             changes: Vec::new(),
         };
@@ -242,6 +244,7 @@ impl StateMachine {
             Ok(results)
         })?;
         changes.resize_with(entries.len(), Vec::new);
+        overlay.flush_rows()?;
         overlay.flush_horizon()?;
         let mut batch = overlay.batch;
         let cf = self.store.cf(keys::CF_SM_META);
@@ -326,12 +329,21 @@ fn decode_record(bytes: Option<&[u8]>) -> io::Result<Option<TimerRecord>> {
 }
 
 /// The rules' view of the group's timers: reads fall through to RocksDB,
-/// writes go to the batch and are remembered for later reads in the batch.
+/// writes are remembered for later reads in the batch, and go into the
+/// batch once per timer at its end (`flush_rows`).
 struct Overlay<'a> {
     store: &'a Store,
     group: GroupId,
     batch: WriteBatch,
     cache: HashMap<TimerKey, Option<TimerRecord>>,
+    /// Every timer written in this batch, with the index positions its row
+    /// had before the batch (its fire-time index entry, its retention
+    /// entry). Its row and index entries are written once, at the end, from
+    /// those to its last record in `cache`: a timer written by several
+    /// commands of one batch (a `FireReserve` is a fire and a reservation;
+    /// a reservation and its ack may share a batch) costs RocksDB one row
+    /// and one move of each index entry, not one per command.
+    written: HashMap<TimerKey, (Option<Due>, Option<u64>)>,
     /// Net change of each (namespace, minute) horizon counter, the pending
     /// counters (`keys::PENDING_MINUTE`) included.
     horizon: BTreeMap<(String, u64), i64>,
@@ -368,6 +380,40 @@ impl Overlay<'_> {
         for ((_, key), record) in wanted.iter().zip(found) {
             let record = decode_record(record.map_err(to_io)?.as_deref())?;
             self.cache.insert((*key).clone(), record);
+        }
+        Ok(())
+    }
+
+    /// Writes the row and index entries of every timer in `written` into
+    /// the batch: from where they stood before the batch to its last record.
+    fn flush_rows(&mut self) -> io::Result<()> {
+        let group = self.group;
+        let (timers, due_cf, retention_cf) =
+            (self.store.cf(keys::CF_TIMERS), self.store.cf(keys::CF_DUE), self.store.cf(keys::CF_RETENTION));
+        for (key, (due_before, purge_before)) in std::mem::take(&mut self.written) {
+            let record = self.cache.get(&key).and_then(Option::as_ref);
+            match record {
+                Some(record) => self.batch.put_cf(timers, keys::timer_key(group, &key), codec::encode(record)?),
+                None => self.batch.delete_cf(timers, keys::timer_key(group, &key)),
+            }
+            let due_after = record.and_then(TimerRecord::due);
+            if due_before != due_after {
+                if let Some(due) = due_before {
+                    self.batch.delete_cf(due_cf, keys::time_index_key(group, due.at_ms, &key));
+                }
+                if let Some(due) = due_after {
+                    self.batch.put_cf(due_cf, keys::time_index_key(group, due.at_ms, &key), keys::due_value(due.kind));
+                }
+            }
+            let purge_after = record.and_then(TimerRecord::purge_after_ms);
+            if purge_before != purge_after {
+                if let Some(at) = purge_before {
+                    self.batch.delete_cf(retention_cf, keys::time_index_key(group, at, &key));
+                }
+                if let Some(at) = purge_after {
+                    self.batch.put_cf(retention_cf, keys::time_index_key(group, at, &key), []);
+                }
+            }
         }
         Ok(())
     }
@@ -422,34 +468,19 @@ impl TimerTable for Overlay<'_> {
     }
 
     fn write(&mut self, key: &TimerKey, old: Option<&TimerRecord>, new: Option<&TimerRecord>) -> io::Result<()> {
-        let group = self.group;
-        let timers = self.store.cf(keys::CF_TIMERS);
-        match new {
-            Some(record) => self.batch.put_cf(timers, keys::timer_key(group, key), codec::encode(record)?),
-            None => self.batch.delete_cf(timers, keys::timer_key(group, key)),
+        // The row and its index entries go into the batch once, at its end
+        // (`flush_rows`); here only where they stood before the batch is
+        // remembered, the first time the timer is written.
+        if !self.written.contains_key(key) {
+            let before = (old.and_then(TimerRecord::due), old.and_then(TimerRecord::purge_after_ms));
+            self.written.insert(key.clone(), before);
         }
         // Index entries are derived from the record, so they change only when
-        // the derived value changes.
+        // the derived value changes; the fire loop hears of each change in
+        // the entry that made it.
         let (before, after) = (old.and_then(TimerRecord::due), new.and_then(TimerRecord::due));
         if before != after {
-            let cf = self.store.cf(keys::CF_DUE);
-            if let Some(due) = before {
-                self.batch.delete_cf(cf, keys::time_index_key(group, due.at_ms, key));
-            }
-            if let Some(due) = after {
-                self.batch.put_cf(cf, keys::time_index_key(group, due.at_ms, key), keys::due_value(due.kind));
-            }
             self.changes.push(IndexChange { key: key.clone(), due: after });
-        }
-        let (before, after) = (old.and_then(TimerRecord::purge_after_ms), new.and_then(TimerRecord::purge_after_ms));
-        if before != after {
-            let cf = self.store.cf(keys::CF_RETENTION);
-            if let Some(at) = before {
-                self.batch.delete_cf(cf, keys::time_index_key(group, at, key));
-            }
-            if let Some(at) = after {
-                self.batch.put_cf(cf, keys::time_index_key(group, at, key), []);
-            }
         }
         let (before, after) = (old.is_some_and(|r| r.due().is_some()), new.is_some_and(|r| r.due().is_some()));
         if before != after {
