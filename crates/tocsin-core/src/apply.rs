@@ -190,6 +190,7 @@ pub fn apply_command<T: TimerTable>(
         Command::Reserve { key, fire_index, expected_attempt, epoch, until_ms } => {
             rules.reserve(key, *fire_index, *expected_attempt, *epoch, *until_ms)
         }
+        Command::FireReserve { key, due_ms, epoch, until_ms } => rules.fire_reserve(key, *due_ms, *epoch, *until_ms),
         Command::AttemptResult { key, fire_index, attempt, outcome, report } => {
             rules.attempt_result(key, *fire_index, *attempt, outcome, report)
         }
@@ -512,6 +513,38 @@ impl<T: TimerTable> Rules<'_, T> {
         }
         self.put(key, Some(&record), new.clone())?;
         Ok(CommandResult::Dispatch { record: new })
+    }
+
+    /// [`Command::FireReserve`]: `fire`, then, if that made a pull timer
+    /// ready, `reserve` of the firing it started. Each step reads what the
+    /// one before wrote (the table is the entry's overlay), so the result
+    /// is exactly that of the two commands one after the other at this log
+    /// position: the same fire id, attempt, history and index entries.
+    /// Only a pull timer is reserved; any other is refused before its fire
+    /// (a consumer never names one).
+    fn fire_reserve(
+        &mut self,
+        key: &TimerKey,
+        due_ms: u64,
+        epoch: u64,
+        until_ms: u64,
+    ) -> Result<CommandResult, T::Error> {
+        match self.get(key)? {
+            None => return Ok(skip(SkipReason::NotFound)),
+            Some(record) if !record.callback.is_pull() => return Ok(skip(SkipReason::WrongState)),
+            Some(_) => {}
+        }
+        let fired = self.fire(key, due_ms, epoch, 0)?;
+        let CommandResult::Dispatch { record } = &fired else { return Ok(fired) };
+        match &record.fire {
+            Some(fire) if matches!(fire.phase, FirePhase::Ready { .. }) => {
+                let (fire_index, attempt) = (fire.fire_index, fire.attempt);
+                self.reserve(key, fire_index, attempt, epoch, until_ms)
+            }
+            // A pull timer's fire makes it ready or kills it; anything else
+            // is the fire's own answer.
+            _ => Ok(fired),
+        }
     }
 
     fn reserve(

@@ -114,6 +114,22 @@ pub enum Command {
     /// A change to the cluster map. Only the metadata group's log carries
     /// these, and it carries nothing else.
     Cluster(crate::cluster::ClusterCommand),
+    /// A pull consumer takes a due pull timer straight from the fire-time
+    /// index: its `Fire` (as [`Command::Fire`] with `due_ms`) and the
+    /// reservation of its first attempt until `until_ms` (as
+    /// [`Command::Reserve`] of the firing that `Fire` starts), in one
+    /// command. Applying it is applying those two in turn at the same log
+    /// position, so it has every effect and check of each (a timer that is
+    /// not a pull timer is refused, `WrongState`, untouched); a pull timer
+    /// thus costs one command less between its due time and a consumer's
+    /// hands. Last among the variants: postcard numbers them by position,
+    /// and the logs written before it still decode.
+    FireReserve {
+        key: TimerKey,
+        due_ms: u64,
+        epoch: u64,
+        until_ms: u64,
+    },
 }
 
 impl Command {
@@ -125,6 +141,7 @@ impl Command {
             | Command::Reschedule { key, .. }
             | Command::Fire { key, .. }
             | Command::Reserve { key, .. }
+            | Command::FireReserve { key, .. }
             | Command::AttemptResult { key, .. }
             | Command::Redrive { key } => Some(key),
             Command::LeaderEpoch { .. } | Command::Purge { .. } | Command::Cluster(_) => None,

@@ -29,7 +29,10 @@
 //! changes were lost, [`FireCore::on_overflow`] makes the loader start
 //! again). A tracked timer leaves the core only when the applied log says
 //! its entry moved or went, or when a `Fire`'s applied result says a pull
-//! timer is now offered to consumers. Every other outcome (not applied,
+//! timer is now offered to consumers, or when a scheduled pull timer whose
+//! time came was handed to its topic's consumers ([`Action::Offer`]): the
+//! consumer's reservation fires it, and until then it is still in the
+//! index, where a new leader or a rescan finds it. Every other outcome (not applied,
 //! unknown, skipped) puts it back in the wheel or re-reads it.
 
 use std::collections::HashMap;
@@ -131,6 +134,9 @@ pub enum FireOutcome {
     Unknown,
     /// This node no longer leads the shard.
     NotLeader,
+    /// A scheduled pull timer of an [`Action::Offer`] was handed to its
+    /// topic's consumers.
+    Offered,
 }
 
 /// Where a page of the index starts.
@@ -151,6 +157,13 @@ pub enum Action {
     /// Propose these `Fire`s (`(key, due_ms)`) and report each outcome with
     /// [`FireCore::on_fire_outcome`].
     Fire(Vec<(TimerKey, u64)>),
+    /// Offer these scheduled pull timers (`(key, due_ms)`, index entries of
+    /// kind [`DueKind::PullFire`]) to their topics' consumers, whose
+    /// reservations fire them, and report each with
+    /// [`FireCore::on_fire_outcome`]: `Offered` once offered (the consumers
+    /// own it then, as they own a ready timer), `Unknown` if it could not
+    /// be.
+    Offer(Vec<(TimerKey, u64)>),
     /// Read this timer's record and call [`FireCore::on_reread`].
     Reread(TimerKey),
     /// A `Fire` met a newer epoch: this leader is deposed and must stop.
@@ -419,6 +432,13 @@ impl FireCore {
                 self.wait(key, due, index.max(seen_index), now_ms.saturating_add(self.config.retry_delay_ms));
                 None
             }
+            FireOutcome::Offered => {
+                // The consumers own it now, as they own a ready timer: the
+                // reservation that fires it moves its index entry, and the
+                // applied log says so.
+                self.forget(&key);
+                None
+            }
             FireOutcome::Applied { skipped: None, .. } => {
                 // Applied: the same entry's index change (or, for a ready pull
                 // timer, its dispatch) says what comes next. If that change was
@@ -483,7 +503,7 @@ impl FireCore {
             actions.push(Action::Load { from, before_ms: bound, limit: self.config.load_page });
         }
         let mut budget = fire_budget;
-        let mut fires: Vec<(TimerKey, u64)> = Vec::new();
+        let mut fires: Vec<(TimerKey, Due)> = Vec::new();
         // Retries whose budget came back first: they have waited longest.
         self.release_deferred(now_ms, &mut budget, &mut fires);
         while budget > 0 {
@@ -513,15 +533,23 @@ impl FireCore {
                 continue;
             }
             t.state = State::Proposed { due };
-            fires.push((key, due.at_ms));
+            fires.push((key, due));
             budget -= 1;
         }
         let behind = budget == 0 && self.wheel.next_poll_ms().is_some_and(|at| at <= now_ms);
         self.behind_since_ms = if behind { Some(self.behind_since_ms.unwrap_or(now_ms)) } else { None };
         self.stats.proposed += fires.len() as u64;
-        while !fires.is_empty() {
-            let rest = fires.split_off(fires.len().min(batch.max(1)));
-            actions.push(Action::Fire(std::mem::replace(&mut fires, rest)));
+        // A scheduled pull timer is offered, not fired: the consumer's
+        // reservation fires it. Everything else is a `Fire`.
+        let (offers, fires): (Vec<_>, Vec<_>) = fires.into_iter().partition(|(_, due)| due.kind == DueKind::PullFire);
+        let batches: [(Vec<(TimerKey, Due)>, fn(Vec<(TimerKey, u64)>) -> Action); 2] =
+            [(fires, Action::Fire), (offers, Action::Offer)];
+        for (group, action) in batches {
+            let mut group: Vec<(TimerKey, u64)> = group.into_iter().map(|(key, due)| (key, due.at_ms)).collect();
+            while !group.is_empty() {
+                let rest = group.split_off(group.len().min(batch.max(1)));
+                actions.push(action(std::mem::replace(&mut group, rest)));
+            }
         }
         actions
     }
@@ -536,7 +564,7 @@ impl FireCore {
             && match due.kind {
                 DueKind::Retry => true,
                 DueKind::Attempt { epoch, webhook } => webhook && epoch >= self.epoch,
-                DueKind::Fire | DueKind::Ready => false,
+                DueKind::Fire | DueKind::PullFire | DueKind::Ready => false,
             }
     }
 
@@ -545,7 +573,7 @@ impl FireCore {
         if self.is_retry(due) {
             return Some(Pace::Retry);
         }
-        let late = due.kind == DueKind::Fire
+        let late = matches!(due.kind, DueKind::Fire | DueKind::PullFire)
             && self.config.catch_up_after_ms > 0
             && self.config.catch_up_per_namespace_per_sec > 0
             && now_ms.saturating_sub(due.at_ms) > self.config.catch_up_after_ms;
@@ -583,7 +611,7 @@ impl FireCore {
     }
 
     /// Moves deferred fires whose namespace has budget again to `fires`.
-    fn release_deferred(&mut self, now_ms: u64, budget: &mut usize, fires: &mut Vec<(TimerKey, u64)>) {
+    fn release_deferred(&mut self, now_ms: u64, budget: &mut usize, fires: &mut Vec<(TimerKey, Due)>) {
         let namespaces: Vec<(Pace, String)> = self.deferred.keys().cloned().collect();
         for ns in namespaces {
             if !self.paused.is_empty() && self.paused.contains(&ns.1) {
@@ -610,7 +638,7 @@ impl FireCore {
                 }
                 self.deferred.get_mut(&ns).expect("present").pop_front();
                 self.tracked.get_mut(&key).expect("tracked").state = State::Proposed { due };
-                fires.push((key, due.at_ms));
+                fires.push((key, due));
                 *budget -= 1;
             }
             if self.deferred.get(&ns).is_some_and(VecDeque::is_empty) {

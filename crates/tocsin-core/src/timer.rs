@@ -261,6 +261,12 @@ pub enum DueKind {
     Retry,
     /// A pull timer waiting for a consumer: offer it.
     Ready,
+    /// A scheduled pull timer: offer it to its topic's consumers when its
+    /// time comes, unfired; the consumer's reservation fires it
+    /// ([`crate::Command::FireReserve`]). An entry written before this kind
+    /// existed says [`DueKind::Fire`] for a pull timer: that `Fire` makes it
+    /// ready, which is as correct, one command dearer.
+    PullFire,
 }
 
 /// A timer's entry in the fire-time index: when, and what for.
@@ -447,7 +453,10 @@ impl TimerRecord {
     /// unfinished timer has one (**the** invariant of the firing path).
     pub fn due(&self) -> Option<Due> {
         match self.state {
-            TimerState::Scheduled => Some(Due { at_ms: self.fire_at_ms, kind: DueKind::Fire }),
+            TimerState::Scheduled => Some(Due {
+                at_ms: self.fire_at_ms,
+                kind: if self.callback.is_pull() { DueKind::PullFire } else { DueKind::Fire },
+            }),
             TimerState::Firing => self.fire.as_ref().map(|f| match f.phase {
                 FirePhase::InFlight { until_ms, .. } => Due {
                     at_ms: until_ms,

@@ -333,7 +333,7 @@ impl LifecycleCounts {
             (Command::Cancel { key }, CommandResult::Cancelled { .. } | CommandResult::CancelledWhileFiring { .. }) => {
                 ("tocsin_timers_cancelled_total", key)
             }
-            (Command::Fire { key, .. }, CommandResult::Dispatch { record }) => {
+            (Command::Fire { key, .. } | Command::FireReserve { key, .. }, CommandResult::Dispatch { record }) => {
                 let first = record.fire.as_ref().is_none_or(|f| f.attempt <= 1);
                 (if first { "tocsin_timers_fired_total" } else { "tocsin_timers_retried_total" }, key)
             }
@@ -341,9 +341,10 @@ impl LifecycleCounts {
                 Command::AttemptResult { key, outcome: AttemptOutcome::Delivered, .. },
                 CommandResult::Recorded { .. },
             ) => ("tocsin_timers_delivered_total", key),
-            (Command::AttemptResult { key, .. } | Command::Fire { key, .. }, CommandResult::Dead { .. }) => {
-                ("tocsin_timers_dead_total", key)
-            }
+            (
+                Command::AttemptResult { key, .. } | Command::Fire { key, .. } | Command::FireReserve { key, .. },
+                CommandResult::Dead { .. },
+            ) => ("tocsin_timers_dead_total", key),
             _ => return,
         };
         // Batches are small and mostly one namespace: a linear scan.

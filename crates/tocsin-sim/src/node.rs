@@ -31,6 +31,7 @@ use tocsin_core::FirePhase;
 use tocsin_core::TimerKey;
 use tocsin_core::TimerRecord;
 use tocsin_core::command::AttemptOutcome;
+use tocsin_core::command::SkipReason;
 use tocsin_core::fire::Action;
 use tocsin_core::fire::FireConfig;
 use tocsin_core::fire::FireCore;
@@ -97,7 +98,10 @@ pub struct Node {
 
 #[derive(Default)]
 struct PullQueue {
-    ready: VecDeque<(TimerKey, u64, u32)>,
+    /// `(key, fire_index, attempt, due_ms)`: a ready timer's firing and
+    /// attempt (due 0), or a scheduled one's due time (firing and attempt 0),
+    /// as in `pull.rs`.
+    ready: VecDeque<(TimerKey, u64, u32, u64)>,
     queued: BTreeSet<TimerKey>,
 }
 
@@ -284,11 +288,11 @@ impl Node {
     /// through Raft before they are handed out (`pull.rs`).
     async fn reserve(&self, max: usize, ttr_ms: u64) -> Vec<Delivery> {
         let Some(epoch) = self.epoch() else { return Vec::new() };
-        let items: Vec<(TimerKey, u64, u32)> = {
+        let items: Vec<(TimerKey, u64, u32, u64)> = {
             let mut q = self.pull.lock().unwrap();
             let n = q.ready.len().min(max);
             let items: Vec<_> = q.ready.drain(..n).collect();
-            for (key, _, _) in &items {
+            for (key, _, _, _) in &items {
                 q.queued.remove(key);
             }
             items
@@ -299,12 +303,15 @@ impl Node {
         let until_ms = self.now_ms().saturating_add(ttr_ms);
         let commands = items
             .iter()
-            .map(|(key, fire_index, attempt)| Command::Reserve {
-                key: key.clone(),
-                fire_index: *fire_index,
-                expected_attempt: *attempt,
-                epoch,
-                until_ms,
+            .map(|(key, fire_index, attempt, due_ms)| match fire_index {
+                0 => Command::FireReserve { key: key.clone(), due_ms: *due_ms, epoch, until_ms },
+                _ => Command::Reserve {
+                    key: key.clone(),
+                    fire_index: *fire_index,
+                    expected_attempt: *attempt,
+                    epoch,
+                    until_ms,
+                },
             })
             .collect();
         let results = match self.propose(commands).await {
@@ -326,17 +333,23 @@ impl Node {
             // when its reservation runs out.
             return Vec::new();
         }
-        items
-            .into_iter()
-            .zip(results)
-            .filter_map(|((key, _, _), result)| {
-                trace(&key, || format!("n{} reserve: {result:?}", self.id));
-                match result {
-                    CommandResult::Dispatch { record } => delivery(self.id, &key, &record),
-                    _ => None,
+        let mut out = Vec::new();
+        for (item, result) in items.into_iter().zip(results) {
+            trace(&item.0, || format!("n{} reserve: {result:?}", self.id));
+            match result {
+                CommandResult::Dispatch { record } => out.extend(delivery(self.id, &item.0, &record)),
+                // A scheduled timer's reservation stamped before its time (a
+                // clock that stepped back): back to the queue, as `pull.rs` does.
+                CommandResult::Skipped { reason: SkipReason::NotDue } if item.1 == 0 => {
+                    let mut q = self.pull.lock().unwrap();
+                    if q.queued.insert(item.0.clone()) {
+                        q.ready.push_back(item);
+                    }
                 }
-            })
-            .collect()
+                _ => {}
+            }
+        }
+        out
     }
 
     /// A ready pull timer from this node's own `Fire`.
@@ -345,16 +358,37 @@ impl Node {
         trace(&key, || format!("n{} offers attempt {}", self.id, fire.attempt));
         let mut q = self.pull.lock().unwrap();
         if q.queued.insert(key.clone()) {
-            q.ready.push_back((key, fire.fire_index, fire.attempt));
-        } else if let Some(item) = q.ready.iter_mut().find(|(k, _, _)| *k == key) {
+            q.ready.push_back((key, fire.fire_index, fire.attempt, 0));
+        } else if let Some(item) = q.ready.iter_mut().find(|(k, _, _, _)| *k == key) {
             // Already queued, perhaps for an older attempt (a reservation whose
             // outcome was unknown went back to the queue, then applied and ran
             // out): the newer attempt replaces it. `tocsin-node`'s `PullHub::offer`
             // ignores the offer instead; the simulation found that this strands
             // the timer (the stale item's reservation is skipped as stale, and a
             // ready timer is tracked by nobody else).
+            // A firing is newer than the scheduled offer it came from.
+            item.2 = if item.1 == 0 { fire.attempt } else { item.2.max(fire.attempt) };
             item.1 = fire.fire_index;
-            item.2 = item.2.max(fire.attempt);
+            item.3 = 0;
+        }
+    }
+
+    /// A scheduled pull timer whose time came (`FireCore`'s `Offer`): the
+    /// reservation fires it. False if a firing of it is queued already (a
+    /// scheduled offer never replaces one).
+    fn offer_due(&self, key: TimerKey, due_ms: u64) -> bool {
+        trace(&key, || format!("n{} offers it scheduled at {due_ms}", self.id));
+        let mut q = self.pull.lock().unwrap();
+        if q.queued.insert(key.clone()) {
+            q.ready.push_back((key, 0, 0, due_ms));
+            return true;
+        }
+        match q.ready.iter_mut().find(|(k, _, _, _)| *k == key) {
+            Some(item) if item.1 == 0 => {
+                item.3 = due_ms;
+                true
+            }
+            _ => false,
         }
     }
 
@@ -592,6 +626,23 @@ async fn lead(node: Arc<Node>) {
                             .collect();
                         let _ = io_tx.send(outcomes);
                     });
+                }
+                Action::Offer(offers) => {
+                    // Handed over at once (the node reads the records for their
+                    // topics first; the simulation has one queue).
+                    let now = node.fire_clock_ms();
+                    for (key, due_ms) in offers {
+                        let scheduled =
+                            node.read_due(&key).1 == Some(tocsin_core::Due { at_ms: due_ms, kind: DueKind::PullFire });
+                        let outcome = if scheduled && node.offer_due(key.clone(), due_ms) {
+                            FireOutcome::Offered
+                        } else {
+                            FireOutcome::Unknown
+                        };
+                        if let Some(Action::Reread(key)) = core.on_fire_outcome(key, due_ms, outcome, now) {
+                            reread(&node, &mut core, key);
+                        }
+                    }
                 }
                 Action::Reread(key) => reread(&node, &mut core, key),
                 Action::Stop => return,

@@ -192,6 +192,7 @@ pub fn due_value(kind: DueKind) -> Vec<u8> {
         }
         DueKind::Retry => vec![3],
         DueKind::Ready => vec![4],
+        DueKind::PullFire => vec![5],
     }
 }
 
@@ -209,6 +210,7 @@ pub fn decode_due_value(value: &[u8]) -> Option<DueKind> {
         }),
         [3] => Some(DueKind::Retry),
         [4] => Some(DueKind::Ready),
+        [5] => Some(DueKind::PullFire),
         _ => None,
     }
 }

@@ -34,6 +34,20 @@ impl Store {
         }
     }
 
+    /// The records of `keys`, in order, in one batched lookup.
+    pub fn get_timers(&self, group: GroupId, keys: &[TimerKey]) -> io::Result<Vec<Option<TimerRecord>>> {
+        let cf = self.cf(keys::CF_TIMERS);
+        let wanted: Vec<Vec<u8>> = keys.iter().map(|key| keys::timer_key(group, key)).collect();
+        self.db()
+            .batched_multi_get_cf(cf, &wanted, false)
+            .into_iter()
+            .map(|found| match found.map_err(to_io)? {
+                Some(bytes) => Ok(Some(codec::decode(&bytes)?)),
+                None => Ok(None),
+            })
+            .collect()
+    }
+
     pub fn shard_meta(&self, group: GroupId) -> io::Result<ShardMeta> {
         match self.db().get_cf(self.cf(keys::CF_SM_META), keys::tag_key(group, keys::sm_meta::SHARD)).map_err(to_io)? {
             Some(bytes) => codec::decode(&bytes),

@@ -329,19 +329,21 @@ async fn http_pull_long_polls_acks_nacks_and_honours_a_timers_own_ttr() {
     for id in ["b", "c", "d"] {
         client.create_timer(pull(id, 0)).await.unwrap();
     }
-    // All three ready before the call, so one reservation batch takes them:
-    // a call answers with what arrives within a few ms of its first delivery,
-    // and timers coming due one commit apart would be split across calls
-    // (CI, two tests on two cores: 1 in ~10 runs).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    // All three on the topic before the call, so one reservation batch takes
+    // them: a call answers with what arrives within a few ms of its first
+    // delivery, and timers coming due one commit apart would be split across
+    // calls (CI, two tests on two cores: 1 in ~10 runs). A due pull timer is
+    // offered unfired (it stays SCHEDULED until a reservation fires it), so
+    // the topic's ready gauge says when all three wait.
+    let ready = "tocsin_pull_ready{namespace=\"jobs\",topic=\"close-order\"} 3";
+    crate::support::wait_for("b, c and d offered", Duration::from_secs(10), async || {
+        crate::support::metrics_text(&node.http).await.lines().any(|l| l == ready)
+    })
+    .await;
     for id in ["b", "c", "d"] {
-        while client.get_timer("jobs", id).await.unwrap().state != pb::timer::State::Firing as i32 {
-            assert!(std::time::Instant::now() < deadline, "{id} never fired");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let state = client.get_timer("jobs", id).await.unwrap().state;
+        assert_eq!(state, pb::timer::State::Scheduled as i32, "{id}: offered, not fired before a consumer takes it");
     }
-    // Firing is applied before the leader offers it to the topic's queue.
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let (_, body) = post(":reserve", serde_json::json!({ "max": 3, "wait_ms": 5_000 })).await;
     let mut ids: Vec<&str> = body["deliveries"].as_array().unwrap().iter().map(|d| d["id"].as_str().unwrap()).collect();
     ids.sort_unstable();

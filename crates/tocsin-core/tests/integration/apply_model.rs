@@ -7,6 +7,8 @@ use tocsin_core::Command;
 use tocsin_core::CommandResult;
 use tocsin_core::TimerKey;
 use tocsin_core::TimerState;
+use tocsin_core::apply::ApplyCtx;
+use tocsin_core::apply::apply_command;
 use tocsin_core::command::AttemptOutcome;
 use tocsin_core::command::AttemptReport;
 use tocsin_core::timer::Callback;
@@ -24,6 +26,7 @@ enum Step {
     Reschedule { k: usize, stale: bool, offset_ms: u64 },
     Fire { k: usize, stale_due: bool, stale_epoch: bool },
     Reserve { k: usize, stale: bool },
+    FireReserve { k: usize, stale_due: bool, stale_epoch: bool },
     Result { k: usize, stale: bool, outcome: u8 },
     Elect,
     Redrive { k: usize },
@@ -41,6 +44,7 @@ fn step() -> impl Strategy<Value = Step> {
         1 => (k.clone(), any::<bool>(), 0u64..5_000).prop_map(|(k, stale, offset_ms)| Step::Reschedule { k, stale, offset_ms }),
         3 => (k.clone(), prop::bool::weighted(0.2), prop::bool::weighted(0.2)).prop_map(|(k, stale_due, stale_epoch)| Step::Fire { k, stale_due, stale_epoch }),
         2 => (k.clone(), prop::bool::weighted(0.2)).prop_map(|(k, stale)| Step::Reserve { k, stale }),
+        2 => (k.clone(), prop::bool::weighted(0.2), prop::bool::weighted(0.2)).prop_map(|(k, stale_due, stale_epoch)| Step::FireReserve { k, stale_due, stale_epoch }),
         2 => (k.clone(), prop::bool::weighted(0.2), 0u8..3).prop_map(|(k, stale, outcome)| Step::Result { k, stale, outcome }),
         1 => Just(Step::Elect),
         1 => k.clone().prop_map(|k| Step::Redrive { k }),
@@ -96,6 +100,15 @@ fn command(shard: &Shard, now: u64, step: &Step) -> Option<Command> {
                 until_ms: now + 30_000,
             }
         }
+        Step::FireReserve { k, stale_due, stale_epoch } => {
+            let r = rec(k)?;
+            Command::FireReserve {
+                key: key(k),
+                due_ms: r.due_ms().unwrap_or(r.fire_at_ms) - u64::from(stale_due),
+                epoch: shard.meta.epoch.saturating_sub(u64::from(stale_epoch)),
+                until_ms: now + 30_000,
+            }
+        }
         Step::Result { k, stale, outcome } => {
             let fire = rec(k)?.fire.clone()?;
             Command::AttemptResult {
@@ -117,6 +130,35 @@ fn command(shard: &Shard, now: u64, step: &Step) -> Option<Command> {
     })
 }
 
+/// What `cmd` (a `FireReserve`) should do to `shard` at `now`: its `Fire`
+/// applied, then, if that made a pull timer ready, the `Reserve` of that
+/// firing, both at the log position the `FireReserve` will take. Returns the
+/// shard after both and the answer expected.
+fn fire_then_reserve(shard: &Shard, now: u64, cmd: &Command) -> (Shard, CommandResult) {
+    let Command::FireReserve { key, due_ms, epoch, until_ms } = cmd.clone() else { unreachable!() };
+    let mut twin = Shard { table: shard.table.clone(), meta: shard.meta.clone(), index: shard.index + 1 };
+    // As `apply_proposal` stamps an entry: the shard's time never goes back.
+    let now_ms = now.max(twin.meta.clock_ms);
+    twin.meta.clock_ms = now_ms;
+    if shard.table.timers.get(&key).is_some_and(|r| !r.callback.is_pull()) {
+        // Only a pull timer is reserved: any other is refused, untouched.
+        return (twin, CommandResult::Skipped { reason: tocsin_core::command::SkipReason::WrongState });
+    }
+    let ctx = ApplyCtx { index: twin.index, position: 0, now_ms };
+    let mut step = |cmd| apply_command(&mut twin.table, &mut twin.meta, ctx, &cmd).expect("no broken invariant");
+    let fired = step(Command::Fire { key: key.clone(), due_ms, epoch, timeout_ms: 0 });
+    let expected = match &fired {
+        CommandResult::Dispatch { record }
+            if matches!(record.fire.as_ref().map(|f| f.phase), Some(tocsin_core::FirePhase::Ready { .. })) =>
+        {
+            let fire = record.fire.as_ref().unwrap();
+            step(Command::Reserve { key, fire_index: fire.fire_index, expected_attempt: fire.attempt, epoch, until_ms })
+        }
+        _ => fired,
+    };
+    (twin, expected)
+}
+
 fn run(steps: &[Step]) -> (Vec<CommandResult>, Shard) {
     let mut shard = Shard::new();
     let mut now = T0;
@@ -130,7 +172,16 @@ fn run(steps: &[Step]) -> (Vec<CommandResult>, Shard) {
         }
         let Some(cmd) = command(&shard, now, step) else { continue };
         let before = cmd.key().and_then(|k| shard.table.timers.get(k).cloned());
+        let twin = matches!(cmd, Command::FireReserve { .. }).then(|| fire_then_reserve(&shard, now, &cmd));
         let result = shard.apply(now, cmd.clone());
+        // A `FireReserve` is exactly a `Fire`, then a `Reserve` of the firing
+        // it started, at the same log position: the same answer, the same
+        // records, indexes and counters.
+        if let Some((twin, expected)) = twin {
+            assert_eq!(result, expected, "FireReserve answered unlike Fire then Reserve");
+            assert_eq!(shard.table, twin.table, "FireReserve left other state than Fire then Reserve");
+            assert_eq!(shard.meta, twin.meta);
+        }
 
         // A cancel's answer is decided by the state it found.
         if let Command::Cancel { .. } = cmd {

@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use tocsin_core::Command;
 use tocsin_core::CommandResult;
+use tocsin_core::FirePhase;
 use tocsin_core::Proposal;
 use tocsin_core::ShardMeta;
 use tocsin_core::TimerKey;
@@ -628,6 +629,77 @@ fn pull_timers_wait_ready_then_reserve_and_ack() {
     assert!(
         matches!(shard.apply(T0 + 40_002, ack(2)), CommandResult::Recorded { record } if record.state == TimerState::Delivered)
     );
+}
+
+#[test]
+fn a_scheduled_pull_timer_is_fired_and_reserved_in_one_command() {
+    let mut shard = Shard::new();
+    let key = TimerKey::new("orders", "q");
+    let pull = Callback::Pull { topic: "close-order".into(), ttr_ms: 0 };
+    shard.apply(T0, create(&key, &spec(T0 + 1_000, pull.clone()), 5));
+    let epoch = shard.elect(T0, 1);
+    let record = &shard.table.timers[&key];
+    assert_eq!(record.due().map(|d| d.kind), Some(tocsin_core::DueKind::PullFire), "indexed to be offered unfired");
+    let fire_reserve = |due_ms, epoch| Command::FireReserve { key: key.clone(), due_ms, epoch, until_ms: T0 + 31_000 };
+
+    // Phase: never early, never under a stale epoch, never for a due time it
+    // no longer has.
+    assert_eq!(
+        shard.apply(T0 + 999, fire_reserve(T0 + 1_000, epoch)),
+        CommandResult::Skipped { reason: SkipReason::NotDue }
+    );
+    assert_eq!(
+        shard.apply(T0 + 1_000, fire_reserve(T0 + 1_000, epoch - 1)),
+        CommandResult::Skipped { reason: SkipReason::StaleEpoch }
+    );
+    assert_eq!(
+        shard.apply(T0 + 1_000, fire_reserve(T0 + 999, epoch)),
+        CommandResult::Skipped { reason: SkipReason::Stale }
+    );
+    assert_eq!(shard.state(&key), Some(TimerState::Scheduled));
+
+    // Phase: at its time it fires and its first attempt starts, reserved until
+    // `until_ms`; the index waits for the reservation's end.
+    let CommandResult::Dispatch { record } = shard.apply(T0 + 1_005, fire_reserve(T0 + 1_000, epoch)) else { panic!() };
+    let fire = record.fire.clone().unwrap();
+    assert_eq!((record.state, fire.attempt, fire.fired_at_ms, fire.epoch), (TimerState::Firing, 1, T0 + 1_005, epoch));
+    assert_eq!(fire.phase, FirePhase::InFlight { since_ms: T0 + 1_005, until_ms: T0 + 31_000 });
+    assert_eq!(
+        record.due(),
+        Some(tocsin_core::Due { at_ms: T0 + 31_000, kind: tocsin_core::DueKind::Attempt { epoch, webhook: false } })
+    );
+    assert_eq!((shard.meta.scheduled, shard.meta.firing), (0, 1));
+    // A second consumer's copy of the same offer finds it fired.
+    assert_eq!(
+        shard.apply(T0 + 1_006, fire_reserve(T0 + 1_000, epoch)),
+        CommandResult::Skipped { reason: SkipReason::Stale }
+    );
+    let ack = Command::AttemptResult {
+        key: key.clone(),
+        fire_index: fire.fire_index,
+        attempt: 1,
+        outcome: AttemptOutcome::Delivered,
+        report: Default::default(),
+    };
+    assert!(
+        matches!(shard.apply(T0 + 1_010, ack), CommandResult::Recorded { record } if record.state == TimerState::Delivered)
+    );
+
+    // Phase: a cancel applied while the offer waits for a consumer wins: the
+    // reservation finds nothing to fire.
+    let other = TimerKey::new("orders", "r");
+    shard.apply(T0 + 2_000, create(&other, &spec(T0 + 2_000, pull.clone()), 5));
+    assert!(matches!(shard.apply(T0 + 2_001, Command::Cancel { key: other.clone() }), CommandResult::Cancelled { .. }));
+    let late = Command::FireReserve { key: other.clone(), due_ms: T0 + 2_000, epoch, until_ms: T0 + 32_000 };
+    assert_eq!(shard.apply(T0 + 2_002, late), CommandResult::Skipped { reason: SkipReason::Stale });
+
+    // Phase: only a pull timer is reserved; a webhook timer is refused, unfired
+    // (a consumer never names one; this is the rule if one did).
+    let hook = TimerKey::new("orders", "w");
+    shard.apply(T0 + 3_000, create(&hook, &spec(T0 + 3_000, webhook()), 5));
+    let reserve_hook = Command::FireReserve { key: hook.clone(), due_ms: T0 + 3_000, epoch, until_ms: T0 + 4_000 };
+    assert_eq!(shard.apply(T0 + 3_000, reserve_hook), CommandResult::Skipped { reason: SkipReason::WrongState });
+    assert_eq!(shard.state(&hook), Some(TimerState::Scheduled));
 }
 
 #[test]

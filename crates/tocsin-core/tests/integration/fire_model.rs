@@ -119,11 +119,15 @@ struct World {
     index: BTreeMap<TimerKey, Due>,
     /// Pull timers offered to consumers (ready, owned by the topic queue).
     offered: BTreeSet<TimerKey>,
+    /// Scheduled pull timers offered unfired ([`Action::Offer`]), with the
+    /// due time offered: the consumer's reservation fires them.
+    queued_due: BTreeMap<TimerKey, u64>,
     changes: VecDeque<(u64, IndexChange)>,
     overflowed: bool,
     load: Option<(LoadFrom, u64, usize)>,
     page: Option<(u64, Vec<(DuePos, DueKind)>, u64)>,
-    fires: Vec<(TimerKey, u64)>,
+    /// Outstanding fires and offers (`true`).
+    fires: Vec<(TimerKey, u64, bool)>,
     rereads: Vec<TimerKey>,
     pull: BTreeSet<TimerKey>,
     /// `(key, due)` pairs that were ever an earlier leader's webhook attempt.
@@ -147,6 +151,7 @@ impl World {
             log_index: 100,
             index: BTreeMap::new(),
             offered: BTreeSet::new(),
+            queued_due: BTreeMap::new(),
             changes: VecDeque::new(),
             overflowed: false,
             load: None,
@@ -214,7 +219,10 @@ impl World {
                     } else {
                         self.pull.remove(&key);
                     }
-                    self.set(key, Some(Due { at_ms: self.now + delay_ms, kind: DueKind::Fire }));
+                    // Half the pull timers have the index entry a store writes now,
+                    // half the one written before scheduled pull timers were offered.
+                    let kind = if pull && k % 2 == 0 { DueKind::PullFire } else { DueKind::Fire };
+                    self.set(key, Some(Due { at_ms: self.now + delay_ms, kind }));
                 }
             }
             Step::Orphan { k, delay_ms } => {
@@ -227,13 +235,13 @@ impl World {
             }
             Step::Reschedule { k, delay_ms } => {
                 let key = key(k);
-                if self.index.get(&key).is_some_and(|d| d.kind == DueKind::Fire) {
-                    self.set(key, Some(Due { at_ms: self.now + delay_ms, kind: DueKind::Fire }));
+                if let Some(kind) = self.index.get(&key).map(|d| d.kind).filter(|k| scheduled(*k)) {
+                    self.set(key, Some(Due { at_ms: self.now + delay_ms, kind }));
                 }
             }
             Step::Cancel { k } => {
                 let key = key(k);
-                if self.index.get(&key).is_some_and(|d| d.kind == DueKind::Fire) {
+                if self.index.get(&key).is_some_and(|d| scheduled(d.kind)) {
                     self.set(key, None);
                 }
             }
@@ -264,17 +272,29 @@ impl World {
                 if self.fires.is_empty() {
                     return;
                 }
-                let (key, due_ms) = self.fires.remove(i % self.fires.len());
-                let outcome = match how {
-                    0 => {
-                        let result = self.apply_fire(&key, due_ms);
-                        FireOutcome::applied(self.log_index, &result)
-                    }
-                    1 => {
-                        self.apply_fire(&key, due_ms);
+                let (key, due_ms, offer) = self.fires.remove(i % self.fires.len());
+                let outcome = if offer {
+                    // The shell reads the record: still scheduled at that time, it
+                    // is queued (a queued copy takes the newer due time).
+                    let due = Due { at_ms: due_ms, kind: DueKind::PullFire };
+                    if how < 2 && self.index.get(&key) == Some(&due) {
+                        self.queued_due.insert(key.clone(), due_ms);
+                        FireOutcome::Offered
+                    } else {
                         FireOutcome::Unknown
                     }
-                    _ => FireOutcome::Unknown,
+                } else {
+                    match how {
+                        0 => {
+                            let result = self.apply_fire(&key, due_ms);
+                            FireOutcome::applied(self.log_index, &result)
+                        }
+                        1 => {
+                            self.apply_fire(&key, due_ms);
+                            FireOutcome::Unknown
+                        }
+                        _ => FireOutcome::Unknown,
+                    }
                 };
                 let action = self.core.on_fire_outcome(key, due_ms, outcome, self.now);
                 self.take(action.into_iter().collect());
@@ -295,12 +315,28 @@ impl World {
             }
             Step::Consume { k, ack } => {
                 let key = key(k);
-                if self.offered.contains(&key) && self.index.get(&key).is_some_and(|d| d.kind == DueKind::Ready) {
+                let reserved =
+                    Due { at_ms: self.now + ATTEMPT_MS, kind: DueKind::Attempt { epoch: EPOCH, webhook: false } };
+                if let Some(&due_ms) = self.queued_due.get(&key) {
+                    // `FireReserve`: it fires and is reserved at once, if it is
+                    // still scheduled at the time offered and that time has
+                    // come; a stale copy is dropped, one not due yet waits.
+                    match self.index.get(&key) {
+                        Some(d) if *d == Due { at_ms: due_ms, kind: DueKind::PullFire } => {
+                            if due_ms <= self.now {
+                                self.queued_due.remove(&key);
+                                self.set(key, (!ack).then_some(reserved));
+                            }
+                        }
+                        _ => {
+                            self.queued_due.remove(&key);
+                        }
+                    }
+                } else if self.offered.contains(&key) && self.index.get(&key).is_some_and(|d| d.kind == DueKind::Ready)
+                {
                     self.offered.remove(&key);
                     // An acked reservation finishes the timer; one left reserved
                     // comes due again when the reservation runs out.
-                    let reserved =
-                        Due { at_ms: self.now + ATTEMPT_MS, kind: DueKind::Attempt { epoch: EPOCH, webhook: false } };
                     self.set(key, (!ack).then_some(reserved));
                 }
             }
@@ -328,7 +364,13 @@ impl World {
                             "{key} proposed at {} for {due_ms}: early",
                             self.now
                         );
-                        self.fires.push((key, due_ms));
+                        self.fires.push((key, due_ms, false));
+                    }
+                }
+                Action::Offer(batch) => {
+                    for (key, due_ms) in batch {
+                        assert!(due_ms <= self.now, "{key} offered at {} for {due_ms}: early", self.now);
+                        self.fires.push((key, due_ms, true));
                     }
                 }
                 Action::Reread(key) => self.rereads.push(key),
@@ -391,9 +433,20 @@ impl World {
                 self.offered.remove(&k);
                 self.set(k, None);
             }
+            // Consumers take and ack every scheduled offer that came due.
+            let queued: Vec<usize> = (0..12).filter(|k| self.queued_due.contains_key(&key(*k))).collect();
+            for k in queued {
+                self.step(Step::Consume { k, ack: true });
+            }
             self.step(Step::Advance { ms: 50 });
         }
     }
+}
+
+/// A scheduled timer's index entry: a webhook's, or a pull timer's (either
+/// kind).
+fn scheduled(kind: DueKind) -> bool {
+    matches!(kind, DueKind::Fire | DueKind::PullFire)
 }
 
 fn dispatch() -> CommandResult {
@@ -507,7 +560,7 @@ fn a_late_fire_outcome_never_overwrites_a_newer_due_time() {
     world.set(key.clone(), Some(Due { at_ms: later, kind: DueKind::Fire }));
     world.step(Step::DeliverChanges { n: 10 });
     // Then the stale fire's outcome arrives: it must change nothing.
-    let (k, due) = world.fires.pop().unwrap();
+    let (k, due, _) = world.fires.pop().unwrap();
     let action = world.core.on_fire_outcome(
         k,
         due,
@@ -520,7 +573,7 @@ fn a_late_fire_outcome_never_overwrites_a_newer_due_time() {
     assert!(world.fires.is_empty(), "fired at the old time: {:?}", world.fires);
     world.step(Step::Advance { ms: 1_000 });
     world.step(Step::Poll);
-    assert_eq!(world.fires, vec![(key, later)]);
+    assert_eq!(world.fires, vec![(key, later, false)]);
 }
 
 /// A backlog of retries (a receiver came back) drains at the namespace's

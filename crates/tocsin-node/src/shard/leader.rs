@@ -34,6 +34,7 @@ use std::time::Duration;
 use tocsin_core::Command;
 use tocsin_core::CommandResult;
 use tocsin_core::Due;
+use tocsin_core::DueKind;
 use tocsin_core::TimerKey;
 use tocsin_core::fire::Action;
 use tocsin_core::fire::FireConfig;
@@ -441,6 +442,7 @@ impl FireLoop {
             match action {
                 Action::Load { from, before_ms, limit } => self.load(from, before_ms, limit),
                 Action::Fire(fires) => self.fire(fires, now),
+                Action::Offer(offers) => self.offer(offers, now),
                 Action::Reread(key) => self.rereads.push(key),
                 Action::Stop => return false,
             }
@@ -493,9 +495,10 @@ impl FireLoop {
         });
     }
 
-    /// Proposes one batch of `Fire` commands; the outcomes come back as
-    /// [`Io::Fired`]. What they start is dispatched from the applied log.
-    fn fire(&mut self, fires: Vec<(TimerKey, u64)>, now: u64) {
+    /// What every batch the wheel hands over shares: the log line of the
+    /// first one, and how late the wheel hands each timer over (before any
+    /// Raft work).
+    fn handing_over(&mut self, batch: &[(TimerKey, u64)], now: u64) {
         if !self.first_fire_logged {
             self.first_fire_logged = true;
             tracing::info!(
@@ -505,11 +508,16 @@ impl FireLoop {
                 "first fire batch"
             );
         }
-        for (_, due) in &fires {
-            // How late the wheel hands a timer over (before any Raft work).
+        for (_, due) in batch {
             metrics::histogram!("tocsin_wheel_poll_lag_seconds").record(now.saturating_sub(*due) as f64 / 1000.0);
         }
         self.batches_in_flight += 1;
+    }
+
+    /// Proposes one batch of `Fire` commands; the outcomes come back as
+    /// [`Io::Fired`]. What they start is dispatched from the applied log.
+    fn fire(&mut self, fires: Vec<(TimerKey, u64)>, now: u64) {
+        self.handing_over(&fires, now);
         let ctx = self.ctx.clone();
         let epoch = self.epoch;
         let tx = self.io_tx.clone();
@@ -534,6 +542,52 @@ impl FireLoop {
                         Err(_) => FireOutcome::Unknown,
                     };
                     (key, due, outcome)
+                })
+                .collect();
+            let _ = tx.send(Io::Fired { outcomes });
+        });
+    }
+
+    /// Offers one batch of scheduled pull timers whose time came to their
+    /// topics' consumers, whose reservations fire them
+    /// ([`PullHub::offer_due`](crate::shard::delivery::pull::PullHub::offer_due)).
+    /// The topic is in the record, not the index, so the records are read
+    /// first (one batched lookup, no Raft entry). A timer whose record is no
+    /// longer scheduled at that time, or that could not be queued, is
+    /// reported unknown and the core re-reads it. The outcomes come back as
+    /// [`Io::Fired`].
+    fn offer(&mut self, offers: Vec<(TimerKey, u64)>, now: u64) {
+        self.handing_over(&offers, now);
+        let ctx = self.ctx.clone();
+        let hub = self.dispatcher.pull.clone();
+        let tx = self.io_tx.clone();
+        tokio::task::spawn_blocking(move || {
+            let keys: Vec<TimerKey> = offers.iter().map(|(key, _)| key.clone()).collect();
+            let records = match ctx.store.get_timers(ctx.group, &keys) {
+                Ok(records) => records,
+                Err(e) => {
+                    let _ = tx.send(Io::Failed(e.to_string()));
+                    return;
+                }
+            };
+            let outcomes = offers
+                .into_iter()
+                .zip(records)
+                .map(|((key, due_ms), record)| {
+                    let due = Due { at_ms: due_ms, kind: DueKind::PullFire };
+                    let offered = record.filter(|r| r.due() == Some(due)).is_some_and(|record| {
+                        // Fire lateness, for a pull timer: how long after its fire
+                        // time it was offered (what `dispatch` counts for a ready one).
+                        let lateness_ms = ctx.clock.now_ms().saturating_sub(record.fire_at_ms);
+                        metrics::histogram!(
+                            "tocsin_fire_lateness_seconds",
+                            "namespace" => crate::labels::namespace(&key.namespace)
+                        )
+                        .record(lateness_ms as f64 / 1000.0);
+                        ctx.record_lateness(lateness_ms);
+                        hub.offer_due(&ctx, key.clone(), &record, due_ms)
+                    });
+                    (key, due_ms, if offered { FireOutcome::Offered } else { FireOutcome::Unknown })
                 })
                 .collect();
             let _ = tx.send(Io::Fired { outcomes });

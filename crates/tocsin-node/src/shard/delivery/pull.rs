@@ -1,11 +1,18 @@
 //! Pull delivery: fired timers wait on a namespace/topic queue until a
 //! consumer reserves them (the beanstalkd / lmstfy model).
 //!
-//! - A `Fire` of a pull timer makes it *ready*; the shard leader offers it
-//!   here.
-//! - A consumer's `Reserve` stream takes ready timers in batches; each batch
-//!   is recorded through Raft (`Reserve` commands, which start an attempt and
-//!   stamp the epoch) before it is sent, up to hundreds per stream message.
+//! - When a scheduled pull timer's time comes, the shard leader offers it
+//!   here unfired (`FireCore`'s `Offer`). A timer that is *ready* (a
+//!   reservation that ran out, a nack's backoff that ended, or a `Fire` of
+//!   an index entry written before scheduled pull timers were offered) is
+//!   offered the same way.
+//! - A consumer's `Reserve` stream takes offered timers in batches; each
+//!   batch is recorded through Raft before it is sent, up to hundreds per
+//!   stream message: a `FireReserve` for a scheduled timer (it fires and
+//!   starts the first attempt in one command), a `Reserve` for a ready one
+//!   (the next attempt). Both stamp the epoch. So a pull timer costs two
+//!   commands from its due time to its ack, not three, and only one of them
+//!   stands between its due time and the consumer.
 //! - A reservation not acked within its time-to-run goes back to ready, for
 //!   this or another consumer: the reserved timer is indexed at the
 //!   reservation's end, so the leader's fire loop makes it ready again then
@@ -44,13 +51,19 @@ use tokio::sync::mpsc;
 use crate::config::DeliveryConfig;
 use crate::shard::ShardCtx;
 
-/// A ready timer, as the queue holds it.
+/// A ready timer, or a scheduled one whose time came, as the queue holds
+/// it.
 #[derive(Clone)]
 struct Item {
     shard: Arc<ShardCtx>,
     key: TimerKey,
+    /// The firing and attempt a ready timer is offered at; 0 and 0 for a
+    /// scheduled one, which its reservation fires (`Command::FireReserve`).
     fire_index: u64,
     attempt: u32,
+    /// A scheduled timer's due time (its fire-time index entry); 0 for a
+    /// ready one.
+    due_ms: u64,
     /// The timer's own time-to-run (`Pull.ttr_ms`); 0: the consumer's.
     ttr_ms: u64,
 }
@@ -102,6 +115,10 @@ pub fn split_by_encoded_size(deliveries: Vec<pb::Delivery>, max_bytes: usize) ->
     out
 }
 
+/// How long a scheduled timer whose reservation came before its time (a
+/// leader clock that stepped back) waits before it is offered again.
+const NOT_DUE_RETRY: Duration = Duration::from_millis(50);
+
 /// Topics (namespace and name, from client input) kept at once; past it,
 /// topics with nothing ready and no consumer are forgotten.
 const MAX_TOPICS: usize = 10_000;
@@ -115,27 +132,29 @@ struct Topic {
 #[derive(Default)]
 struct TopicState {
     ready: VecDeque<Item>,
-    /// The queued timers, each with the newest attempt offered for it
-    /// (`fire_index`, `attempt`): an offer for a timer already queued (its
-    /// reservation ran out while a stale copy waited) updates the attempt the
-    /// queued item reserves, rather than being dropped, or the stale copy's
-    /// reservation would be refused and nothing would offer the timer again.
-    queued: HashMap<TimerKey, (u64, u32)>,
+    /// The queued timers, each with the newest offer for it (`fire_index`,
+    /// `attempt`, `due_ms`, as in [`Item`]): an offer for a timer already
+    /// queued (its reservation ran out while a stale copy waited) updates
+    /// what the queued item reserves, rather than being dropped, or the
+    /// stale copy's reservation would be refused and nothing would offer the
+    /// timer again. A firing is newer than the scheduled offer it came from
+    /// (fire index 0).
+    queued: HashMap<TimerKey, (u64, u32, u64)>,
 }
 
 impl TopicState {
-    /// Remembers `(fire_index, attempt)` for `key` if it is the newest seen;
-    /// true if `key` was not queued.
-    fn note(&mut self, key: &TimerKey, fire_index: u64, attempt: u32) -> bool {
+    /// Remembers `offer` for `key` if it is the newest seen; true if `key`
+    /// was not queued.
+    fn note(&mut self, key: &TimerKey, offer: (u64, u32, u64)) -> bool {
         match self.queued.get_mut(key) {
             Some(latest) => {
-                if fire_index >= latest.0 {
-                    *latest = (fire_index, attempt);
+                if offer.0 >= latest.0 {
+                    *latest = offer;
                 }
                 false
             }
             None => {
-                self.queued.insert(key.clone(), (fire_index, attempt));
+                self.queued.insert(key.clone(), offer);
                 true
             }
         }
@@ -211,33 +230,44 @@ impl PullHub {
 
     /// A ready pull timer from a shard this node leads.
     pub fn offer(&self, ctx: &Arc<ShardCtx>, key: TimerKey, record: &TimerRecord) {
-        let (Callback::Pull { topic, ttr_ms }, Some(fire)) = (&record.callback, &record.fire) else { return };
+        let Some(fire) = &record.fire else { return };
+        self.enqueue(ctx, key, record, (fire.fire_index, fire.attempt, 0));
+    }
+
+    /// A scheduled pull timer whose time (`due_ms`, its index entry) came,
+    /// from a shard this node leads: the consumer's reservation fires it.
+    /// False if it was not queued because a firing of it is (which a
+    /// scheduled offer never replaces): the caller looks at it again.
+    pub fn offer_due(&self, ctx: &Arc<ShardCtx>, key: TimerKey, record: &TimerRecord, due_ms: u64) -> bool {
+        self.enqueue(ctx, key, record, (0, 0, due_ms))
+    }
+
+    /// Queues `offer` of `key`, or updates the queued copy. False only if a
+    /// newer offer of it is queued.
+    fn enqueue(&self, ctx: &Arc<ShardCtx>, key: TimerKey, record: &TimerRecord, offer: (u64, u32, u64)) -> bool {
+        let Callback::Pull { topic, ttr_ms } = &record.callback else { return true };
         // Ready again: any reservation this node remembers for it has ended.
         self.reservations.lock().expect("reservations lock").remove(&key);
         let topic = self.topic(&key.namespace, topic);
         {
             let mut state = topic.state.lock().expect("topic lock");
             if state.queued.contains_key(&key) {
-                state.note(&key, fire.fire_index, fire.attempt);
-                return;
+                state.note(&key, offer);
+                return state.queued[&key] == offer;
             }
             if state.ready.len() >= self.config.max_ready_per_topic {
                 metrics::counter!("tocsin_pull_overflow_total").increment(1);
-                // It stays ready in the shard's state; the leader offers it again
+                // It stays in the shard's index; the leader offers it again
                 // after its next rescan.
                 ctx.events.mark_overflow();
-                return;
+                return true;
             }
-            state.note(&key, fire.fire_index, fire.attempt);
-            state.ready.push_back(Item {
-                shard: ctx.clone(),
-                key,
-                fire_index: fire.fire_index,
-                attempt: fire.attempt,
-                ttr_ms: *ttr_ms,
-            });
+            state.note(&key, offer);
+            let (fire_index, attempt, due_ms) = offer;
+            state.ready.push_back(Item { shard: ctx.clone(), key, fire_index, attempt, due_ms, ttr_ms: *ttr_ms });
         }
         topic.notify.notify_one();
+        true
     }
 
     /// Starts a consumer: a stream of reserved batches.
@@ -363,12 +393,19 @@ impl PullHub {
             let now_ms = ctx.clock.now_ms();
             let commands = items
                 .iter()
-                .map(|i| Command::Reserve {
-                    key: i.key.clone(),
-                    fire_index: i.fire_index,
-                    expected_attempt: i.attempt,
-                    epoch,
-                    until_ms: now_ms.saturating_add(item_ttr_ms(i, ttr_ms)),
+                .map(|i| {
+                    let until_ms = now_ms.saturating_add(item_ttr_ms(i, ttr_ms));
+                    if i.fire_index == 0 {
+                        Command::FireReserve { key: i.key.clone(), due_ms: i.due_ms, epoch, until_ms }
+                    } else {
+                        Command::Reserve {
+                            key: i.key.clone(),
+                            fire_index: i.fire_index,
+                            expected_attempt: i.attempt,
+                            epoch,
+                            until_ms,
+                        }
+                    }
                 })
                 .collect();
             let results = ctx.proposer.propose_all(commands).await;
@@ -376,6 +413,7 @@ impl PullHub {
         });
         let mut out = Vec::new();
         let mut retry = Vec::new();
+        let mut not_due = Vec::new();
         for (items, results, stamp) in futures::future::join_all(per_shard).await {
             let Some((epoch, now_ms)) = stamp else { continue };
             let ctx = items[0].shard.clone();
@@ -388,7 +426,7 @@ impl PullHub {
             for (item, result) in items.into_iter().zip(results) {
                 match result {
                     Ok((_, CommandResult::Dispatch { record })) => {
-                        let Some(fire) = &record.fire else { continue };
+                        let Some(fire) = record.fire.as_ref().filter(|f| f.attempt > 0) else { continue };
                         let mut delivery = json::delivery_proto(cluster_id, ctx.shard, &item.key, &record);
                         let item_ttr_ms = item_ttr_ms(&item, ttr_ms);
                         delivery.reserved_until_ms = now_ms.saturating_add(item_ttr_ms);
@@ -406,8 +444,14 @@ impl PullHub {
                         );
                         out.push(delivery);
                     }
+                    // A scheduled timer's reservation stamped before its time
+                    // (never early; the clock stepped back): again, a moment later.
+                    Ok((_, CommandResult::Skipped { reason: SkipReason::NotDue })) if item.fire_index == 0 => {
+                        not_due.push(item)
+                    }
                     // Not ready (backing off, reserved), or moved on (acked, dead,
-                    // purged): the fire loop brings it back when it is due again.
+                    // purged, fired by another reservation): the applied log told
+                    // the fire loop, which brings it back when it is due again.
                     Ok(_) => {}
                     Err(crate::shard::proposer::ProposeError::NotLeader { .. }) => {}
                     // Not recorded, or unknown: back to the queue. If it was
@@ -417,15 +461,14 @@ impl PullHub {
                 }
             }
         }
-        if !retry.is_empty() {
-            let mut state = topic.state.lock().expect("topic lock");
-            for item in retry.into_iter().rev() {
-                // Already queued again: a newer offer came meanwhile, and the
-                // queued item reserves the newest attempt.
-                if state.note(&item.key, item.fire_index, item.attempt) {
-                    state.ready.push_front(item);
-                }
-            }
+        requeue(topic, retry);
+        if !not_due.is_empty() {
+            let topic = topic.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(NOT_DUE_RETRY).await;
+                requeue(&topic, not_due);
+                topic.notify.notify_one();
+            });
         }
         out
     }
@@ -507,13 +550,28 @@ impl PullHub {
     }
 }
 
+/// Puts `items` back at the front of `topic`'s queue, in order.
+fn requeue(topic: &Topic, items: Vec<Item>) {
+    if items.is_empty() {
+        return;
+    }
+    let mut state = topic.state.lock().expect("topic lock");
+    for item in items.into_iter().rev() {
+        // Already queued again: a newer offer came meanwhile, and the
+        // queued item reserves the newest attempt.
+        if state.note(&item.key, (item.fire_index, item.attempt, item.due_ms)) {
+            state.ready.push_front(item);
+        }
+    }
+}
+
 fn take(topic: &Topic, n: usize) -> Vec<Item> {
     let mut state = topic.state.lock().expect("topic lock");
     let mut out = Vec::with_capacity(n.min(state.ready.len()));
     while out.len() < n {
         let Some(mut item) = state.ready.pop_front() else { break };
-        if let Some((fire_index, attempt)) = state.queued.remove(&item.key) {
-            (item.fire_index, item.attempt) = (fire_index, attempt);
+        if let Some((fire_index, attempt, due_ms)) = state.queued.remove(&item.key) {
+            (item.fire_index, item.attempt, item.due_ms) = (fire_index, attempt, due_ms);
         }
         out.push(item);
     }
@@ -574,10 +632,14 @@ mod tests {
     fn an_offer_for_a_queued_timer_updates_the_attempt_it_reserves() {
         let mut state = TopicState::default();
         let key = TimerKey::new("ns", "t");
-        assert!(state.note(&key, 10, 1), "first offer queues it");
-        assert!(!state.note(&key, 25, 2), "a second offer does not queue it twice");
-        assert_eq!(state.queued[&key], (25, 2), "the newer attempt is what gets reserved");
-        assert!(!state.note(&key, 10, 1), "a late retry of the older attempt");
-        assert_eq!(state.queued[&key], (25, 2), "an older attempt never replaces a newer one");
+        assert!(state.note(&key, (0, 0, 7)), "the scheduled offer queues it");
+        assert!(!state.note(&key, (10, 1, 0)), "a second offer does not queue it twice");
+        assert_eq!(state.queued[&key], (10, 1, 0), "its firing is newer than the scheduled offer");
+        assert!(!state.note(&key, (25, 2, 0)), "the next attempt");
+        assert_eq!(state.queued[&key], (25, 2, 0), "the newer attempt is what gets reserved");
+        assert!(!state.note(&key, (10, 1, 0)), "a late retry of the older attempt");
+        assert_eq!(state.queued[&key], (25, 2, 0), "an older attempt never replaces a newer one");
+        assert!(!state.note(&key, (0, 0, 7)), "a late retry of the scheduled offer");
+        assert_eq!(state.queued[&key], (25, 2, 0), "nor does the scheduled offer it came from");
     }
 }
