@@ -150,8 +150,10 @@ class TimerServiceServicer(object):
         raise NotImplementedError('Method not implemented!')
 
     def Reserve(self, request, context):
-        """Pull delivery: streams fired timers of a namespace/topic. A delivery not
-        acked within ttr_ms is delivered again (to this or another consumer).
+        """Pull delivery: streams due timers of a namespace/topic. A pull timer
+        fires when a consumer reserves it (it stays SCHEDULED until then); a
+        delivery not acked within ttr_ms is delivered again (to this or another
+        consumer).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
