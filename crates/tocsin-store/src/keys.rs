@@ -284,6 +284,7 @@ mod tests {
             DueKind::Attempt { epoch: 7, webhook: false },
             DueKind::Retry,
             DueKind::Ready,
+            DueKind::PullFire,
         ] {
             assert_eq!(decode_due_value(&due_value(kind)), Some(kind));
         }
