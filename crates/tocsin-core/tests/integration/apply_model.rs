@@ -57,6 +57,17 @@ fn key(k: usize) -> TimerKey {
     TimerKey::new("ns", format!("timer-{k}"))
 }
 
+/// The due time and epoch a fire of timer `k` names: the record's current
+/// due time and the shard's epoch, or one less where the step asks for a
+/// stale one. `None` if there is no such timer.
+fn fire_target(shard: &Shard, k: usize, stale_due: bool, stale_epoch: bool) -> Option<(u64, u64)> {
+    let r = shard.table.timers.get(&key(k))?;
+    Some((
+        r.due_ms().unwrap_or(r.fire_at_ms) - u64::from(stale_due),
+        shard.meta.epoch.saturating_sub(u64::from(stale_epoch)),
+    ))
+}
+
 /// Turns a step into a concrete command, reading the current record so that
 /// most commands are plausible (right generation, attempt, epoch) and some
 /// are deliberately stale.
@@ -82,13 +93,8 @@ fn command(shard: &Shard, now: u64, step: &Step) -> Option<Command> {
             fire_at_ms: now + offset_ms,
         },
         Step::Fire { k, stale_due, stale_epoch } => {
-            let r = rec(k)?;
-            Command::Fire {
-                key: key(k),
-                due_ms: r.due_ms().unwrap_or(r.fire_at_ms) - u64::from(stale_due),
-                epoch: shard.meta.epoch.saturating_sub(u64::from(stale_epoch)),
-                timeout_ms: 30_000,
-            }
+            let (due_ms, epoch) = fire_target(shard, k, stale_due, stale_epoch)?;
+            Command::Fire { key: key(k), due_ms, epoch, timeout_ms: 30_000 }
         }
         Step::Reserve { k, stale } => {
             let fire = rec(k)?.fire.clone()?;
@@ -101,13 +107,8 @@ fn command(shard: &Shard, now: u64, step: &Step) -> Option<Command> {
             }
         }
         Step::FireReserve { k, stale_due, stale_epoch } => {
-            let r = rec(k)?;
-            Command::FireReserve {
-                key: key(k),
-                due_ms: r.due_ms().unwrap_or(r.fire_at_ms) - u64::from(stale_due),
-                epoch: shard.meta.epoch.saturating_sub(u64::from(stale_epoch)),
-                until_ms: now + 30_000,
-            }
+            let (due_ms, epoch) = fire_target(shard, k, stale_due, stale_epoch)?;
+            Command::FireReserve { key: key(k), due_ms, epoch, until_ms: now + 30_000 }
         }
         Step::Result { k, stale, outcome } => {
             let fire = rec(k)?.fire.clone()?;
