@@ -66,6 +66,11 @@ pub fn system_now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
+/// [`system_now_ms`] in microseconds.
+fn system_now_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+}
+
 /// What the guard thinks of this node's wall clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum ClockStatus {
@@ -290,11 +295,24 @@ impl Clock {
     /// Unix milliseconds the node goes by: the guarded wall clock, never
     /// going backwards.
     pub fn now_ms(&self) -> u64 {
-        let (wall, mono) = (self.wall_ms(), self.mono_ms());
+        self.now_ms_and_into().0
+    }
+
+    /// [`now_ms`](Self::now_ms), and how far into that millisecond the wall
+    /// clock is (zero when the guard goes by another timeline than the
+    /// wall clock's). A wake-up for `at_ms` is then `at_ms - now` whole
+    /// milliseconds less that part: without it a fire loop woke up to a
+    /// millisecond after the timer's millisecond began, on top of the
+    /// runtime's own rounding up to its next millisecond.
+    pub fn now_ms_and_into(&self) -> (u64, Duration) {
+        let offset = self.test_offset.as_ref().map_or(0, TestOffset::offset_ms);
+        let wall_us = system_now_us().saturating_add_signed(offset.saturating_mul(1000));
+        let (wall, mono) = (wall_us / 1000, self.mono_ms());
         let mut guard = self.guard.lock().expect("clock lock");
         let (now, status) = guard.0.observe(wall, mono);
         guard.1 = status;
-        now
+        let into = if now == wall { Duration::from_micros(wall_us % 1000) } else { Duration::ZERO };
+        (now, into)
     }
 
     /// What the guard thinks of the wall clock (as of a fresh reading).
@@ -402,6 +420,24 @@ mod tests {
     use super::*;
 
     const T: u64 = 1_800_000_000_000;
+
+    /// The part of the millisecond comes from the same wall-clock reading
+    /// as the millisecond: together they never lie ahead of a reading taken
+    /// after them, so a fire loop that sleeps `at - now` milliseconds less
+    /// that part wakes at the start of millisecond `at`, not before it.
+    #[test]
+    fn the_part_of_the_millisecond_goes_with_the_millisecond() {
+        let clock = Clock::system(500);
+        for _ in 0..1_000 {
+            let (now_ms, into) = clock.now_ms_and_into();
+            let after_us = system_now_us();
+            assert!(into < Duration::from_millis(1));
+            let read_us = now_ms * 1000 + into.as_micros() as u64;
+            assert!(read_us <= after_us, "read {read_us} µs, wall clock after it {after_us} µs");
+            assert!(after_us - read_us < 1_000_000, "the reading is a second behind the wall clock");
+            assert!(clock.now_ms() >= now_ms, "the node's clock went backwards");
+        }
+    }
 
     /// Seen in the disk-full chaos row: under load, requests queued for
     /// 0.7–2 s made followers' one-way samples say their clocks were off;

@@ -332,7 +332,7 @@ impl FireLoop {
                 next_gauges = tokio::time::Instant::now() + GAUGES_EVERY;
             }
 
-            let now = self.ctx.clock.now_ms();
+            let (now, into_ms) = self.ctx.clock.now_ms_and_into();
             let now_instant = tokio::time::Instant::now();
             // With nothing due sooner, the next look is on the node's grid
             // (`crate::grid`), where every shard's loop looks together: one
@@ -341,7 +341,12 @@ impl FireLoop {
             let tick_at = crate::grid::next_line(TICK);
             let wake_at = match self.core.next_wake_ms() {
                 Some(at) if self.batches_in_flight < MAX_FIRE_BATCHES_IN_FLIGHT => {
-                    tick_at.min(now_instant + Duration::from_millis(at.saturating_sub(now)))
+                    // At the start of millisecond `at` on the node's clock, not
+                    // up to one later (`Clock::now_ms_and_into`). A wake-up a
+                    // hair early finds nothing due and sleeps again: the core
+                    // never fires before its time, whenever it is asked.
+                    let until = Duration::from_millis(at.saturating_sub(now)).saturating_sub(into_ms);
+                    tick_at.min(now_instant + until)
                 }
                 _ => tick_at,
             };
@@ -576,15 +581,7 @@ impl FireLoop {
                 .map(|((key, due_ms), record)| {
                     let due = Due { at_ms: due_ms, kind: DueKind::PullFire };
                     let offered = record.filter(|r| r.due() == Some(due)).is_some_and(|record| {
-                        // Fire lateness, for a pull timer: how long after its fire
-                        // time it was offered (what `dispatch` counts for a ready one).
-                        let lateness_ms = ctx.clock.now_ms().saturating_sub(record.fire_at_ms);
-                        metrics::histogram!(
-                            "tocsin_fire_lateness_seconds",
-                            "namespace" => crate::labels::namespace(&key.namespace)
-                        )
-                        .record(lateness_ms as f64 / 1000.0);
-                        ctx.record_lateness(lateness_ms);
+                        ctx.record_fire_lateness(&key.namespace, record.fire_at_ms);
                         hub.offer_due(&ctx, key.clone(), &record, due_ms)
                     });
                     (key, due_ms, if offered { FireOutcome::Offered } else { FireOutcome::Unknown })

@@ -144,8 +144,15 @@ impl ShardCtx {
         self.cluster_id.get().map(String::as_str)
     }
 
-    /// Records how late a fire of this shard was.
-    pub fn record_lateness(&self, lateness_ms: u64) {
+    /// Records how late a fire of this shard was: how long after its fire
+    /// time (`fire_at_ms`) a timer of `namespace` was fired, in the
+    /// `tocsin_fire_lateness_seconds` histogram and the shard's samples.
+    /// A webhook or AMQP timer is fired when its `Fire` is applied; a pull
+    /// timer when it is offered to its topic's consumers.
+    pub fn record_fire_lateness(&self, namespace: &str, fire_at_ms: u64) {
+        let lateness_ms = self.clock.now_ms().saturating_sub(fire_at_ms);
+        metrics::histogram!("tocsin_fire_lateness_seconds", "namespace" => crate::labels::namespace(namespace))
+            .record(lateness_ms as f64 / 1000.0);
         let mut samples = self.lateness_ms.lock().expect("lateness lock");
         if samples.len() == LATENESS_SAMPLES {
             samples.pop_front();

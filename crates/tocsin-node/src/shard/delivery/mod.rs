@@ -32,11 +32,7 @@ impl Dispatcher {
     pub fn dispatch(&self, ctx: &Arc<ShardCtx>, epoch: u64, key: TimerKey, record: TimerRecord) {
         let Some(fire) = &record.fire else { return };
         if fire.attempt <= 1 && fire.fired_at_ms == fire.attempt_started_at_ms {
-            // Fire lateness: how long after its fire time the fire was recorded.
-            let lateness_ms = ctx.clock.now_ms().saturating_sub(record.fire_at_ms);
-            metrics::histogram!("tocsin_fire_lateness_seconds", "namespace" => crate::labels::namespace(&key.namespace))
-                .record(lateness_ms as f64 / 1000.0);
-            ctx.record_lateness(lateness_ms);
+            ctx.record_fire_lateness(&key.namespace, record.fire_at_ms);
         }
         match (&record.callback, fire.phase) {
             (Callback::Webhook { .. }, FirePhase::InFlight { .. }) => {
