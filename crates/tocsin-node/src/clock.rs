@@ -288,8 +288,13 @@ impl Clock {
     /// The raw wall clock in unix ms (with the test offset, if any): what
     /// this node reports to its peers.
     pub fn wall_ms(&self) -> u64 {
-        let offset = self.test_offset.as_ref().map_or(0, TestOffset::offset_ms);
-        system_now_ms().saturating_add_signed(offset)
+        self.wall_us() / 1000
+    }
+
+    /// [`wall_ms`](Self::wall_ms) in microseconds.
+    fn wall_us(&self) -> u64 {
+        let offset_ms = self.test_offset.as_ref().map_or(0, TestOffset::offset_ms);
+        system_now_us().saturating_add_signed(offset_ms.saturating_mul(1000))
     }
 
     /// Unix milliseconds the node goes by: the guarded wall clock, never
@@ -305,8 +310,7 @@ impl Clock {
     /// millisecond after the timer's millisecond began, on top of the
     /// runtime's own rounding up to its next millisecond.
     pub fn now_ms_and_into(&self) -> (u64, Duration) {
-        let offset = self.test_offset.as_ref().map_or(0, TestOffset::offset_ms);
-        let wall_us = system_now_us().saturating_add_signed(offset.saturating_mul(1000));
+        let wall_us = self.wall_us();
         let (wall, mono) = (wall_us / 1000, self.mono_ms());
         let mut guard = self.guard.lock().expect("clock lock");
         let (now, status) = guard.0.observe(wall, mono);
