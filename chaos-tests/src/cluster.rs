@@ -443,10 +443,26 @@ pub fn run_admin(tocsin: &Path, dir: &Path, addrs: &[String], args: &[&str]) -> 
 
 /// Cluster info as one particular node sees it.
 pub async fn node_info(addr: &str, digests: bool) -> Option<pb::ClusterInfo> {
+    let mut admin = admin_client(addr).await?;
+    node_info_on(&mut admin, digests).await
+}
+
+/// A connection to `addr`'s admin service, for asking it again and again
+/// without a new connection each time ([`node_info_on`]).
+pub async fn admin_client(
+    addr: &str,
+) -> Option<pb::admin_service_client::AdminServiceClient<tonic::transport::Channel>> {
     let endpoint =
         tonic::transport::Endpoint::from_shared(format!("http://{addr}")).ok()?.connect_timeout(Duration::from_secs(1));
     let channel = tokio::time::timeout(Duration::from_secs(2), endpoint.connect()).await.ok()?.ok()?;
-    let mut admin = pb::admin_service_client::AdminServiceClient::new(channel);
+    Some(pb::admin_service_client::AdminServiceClient::new(channel))
+}
+
+/// [`node_info`] over a connection already made.
+pub async fn node_info_on(
+    admin: &mut pb::admin_service_client::AdminServiceClient<tonic::transport::Channel>,
+    digests: bool,
+) -> Option<pb::ClusterInfo> {
     let mut request = tonic::Request::new(pb::GetClusterRequest { digests });
     request.metadata_mut().insert("authorization", format!("Bearer {BOOTSTRAP_TOKEN}").parse().ok()?);
     let info = tokio::time::timeout(Duration::from_secs(20), admin.get_cluster(request)).await.ok()?.ok()?;
