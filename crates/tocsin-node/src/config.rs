@@ -129,12 +129,16 @@ pub enum LogFormat {
 }
 
 /// Raft timings. A follower campaigns after `election_timeout_max_ms`
-/// (openraft's leader lease, during which it grants no vote) plus a fresh
-/// draw from [min, max] of silence, so a killed leader is replaced about
-/// max + a draw after its last heartbeat. The max is also the leader's
-/// dispatch lease (`ShardCtx::may_dispatch`): openraft's own lease rule.
+/// (openraft's leader lease, during which it grants no vote) plus its
+/// election timeout of silence: `min + r × (max − min) / 2` and a jitter
+/// under a third of that step, where `r` is its place in the group's
+/// campaign order with the silent leader left out (`shard::raft_timer`),
+/// so a killed leader is replaced about max + min after its last
+/// heartbeat, and two survivors never campaign together. The max is also
+/// the leader's dispatch lease (`ShardCtx::may_dispatch`): openraft's own
+/// lease rule.
 ///
-/// The defaults (40 / 100–130 ms) replace a killed leader in 230–290 ms
+/// The defaults (40 / 100–130 ms) replace a killed leader in 210–260 ms
 /// (the chaos `kill-leader` row). They hold on a CPU-saturated host because
 /// the Raft threads run at a raised priority (`thread_nice`): offered
 /// 10,000 timers/s, three nodes on two cores then held no election and
@@ -149,10 +153,11 @@ pub struct RaftTuning {
     /// Leader heartbeat: well under half the election timeout, so one lost
     /// heartbeat does not start an election.
     pub heartbeat_ms: u64,
-    /// Election timeouts are drawn from [min, max] per campaign (openraft
-    /// 0.10 re-draws each time, so two candidates cannot split forever).
-    /// The max also bounds each peer's Raft link: one to connect, two of
-    /// silence before the connection is replaced (`shard::raft`).
+    /// Election timeouts: the first voter in a group's campaign order waits
+    /// min, each next one (max − min) / 2 more, plus a jitter drawn per
+    /// campaign (see above). The max also bounds each peer's Raft link: one
+    /// to connect, two of silence before the connection is replaced
+    /// (`shard::raft`).
     pub election_timeout_min_ms: u64,
     pub election_timeout_max_ms: u64,
     /// Take a snapshot after this many log entries since the last.

@@ -18,17 +18,31 @@
 //! - **A voter that does not lead** campaigns at openraft's own deadline
 //!   (`handle_tick_election`): the vote's last update, plus its lease (the
 //!   election timeout max while the vote is an established leader's), plus
-//!   an election timeout drawn from [min, max) per campaign
-//!   ([`election_deadline`]). The vote clock is openraft's, read from its
-//!   core at the deadline, so everything that defers an election there
-//!   (appends, heartbeats, snapshots from the leader, a granted vote)
-//!   defers it here, and the deadline is met to the millisecond instead of
-//!   the next tick. A campaign starts with a pre-vote (a lone voter's need
-//!   not), as with openraft's `enable_pre_vote`: openraft's tick also holds
-//!   back a voter that has seen a longer log than its own (for twice the
-//!   max), which this cannot see; such a voter's pre-vote is refused
-//!   without a new term, and the voter with the longest log still wins at
-//!   its own deadline.
+//!   an election timeout ([`election_deadline`]; how long, next). The vote
+//!   clock is openraft's, read from its core at the deadline, so everything
+//!   that defers an election there (appends, heartbeats, snapshots from the
+//!   leader, a granted vote) defers it here, and the deadline is met to the
+//!   millisecond instead of the next tick. A campaign starts with a pre-vote
+//!   (a lone voter's need not), as with openraft's `enable_pre_vote`:
+//!   openraft's tick also holds back a voter that has seen a longer log than
+//!   its own (for twice the max), which this cannot see; such a voter's
+//!   pre-vote is refused without a new term, and the voter with the longest
+//!   log still wins at its own deadline.
+//! - **The election timeouts** are not drawn at random over one range for
+//!   every voter: two survivors of a dead leader could then campaign within
+//!   a message's flight of each other, both pass their pre-votes, split the
+//!   vote and wait a whole timeout more. Each voter of a group has its own
+//!   place in the group's campaign order ([`campaign_rank`], by a hash of
+//!   group and node: the same on every node, and a different order per
+//!   group, so a dead node's groups go to the survivors about evenly). The
+//!   node the voter's vote names (the leader gone silent) has no place, so
+//!   the first survivor is always first in line. The voter at place `r`
+//!   waits `min + r × (max − min) / 2` plus a jitter under a third of that
+//!   step ([`Timings::campaign_timeout`]): at the default timings any two
+//!   voters' campaigns are 10 ms or more apart, where a pre-vote's round
+//!   trip takes a millisecond or two, so the first survivor has won before
+//!   the next one starts. A first in line that cannot win (its log is
+//!   behind, or it cannot reach a quorum) costs the next in line one step.
 //! - **A learner** waits for a membership change.
 //! - **A quiet group** (`quiet.rs`): a leader whose group has been idle
 //!   and caught up for a second wakes only every other grid line, heartbeats
@@ -117,12 +131,51 @@ impl Timings {
         }
     }
 
-    /// A fresh election timeout, from [min, max).
-    fn draw(&self) -> Duration {
-        let min = self.election_min.as_millis() as u64;
-        let max = (self.election_max.as_millis() as u64).max(min + 1);
-        Duration::from_millis(rand::rng().random_range(min..max))
+    /// What separates two neighbours in a group's campaign order: half the
+    /// range between the timeouts' min and max (15 ms at the defaults).
+    fn campaign_step(&self) -> Duration {
+        self.election_max.saturating_sub(self.election_min) / 2
     }
+
+    /// The jitter on top of a place's timeout stays under a third of a step,
+    /// so neighbours' campaigns are at least two thirds of a step apart.
+    fn jitter_span_ms(&self) -> u64 {
+        (self.campaign_step().as_millis() as u64 / 3).max(1)
+    }
+
+    /// A fresh jitter for the next campaign, from [0, a third of a step).
+    fn draw_jitter(&self) -> Duration {
+        Duration::from_millis(rand::rng().random_range(0..self.jitter_span_ms()))
+    }
+
+    /// The election timeout of the voter at place `rank` of its group's
+    /// campaign order ([`campaign_rank`]), with `jitter` from
+    /// [`Self::draw_jitter`]: `min + rank × step + jitter`. Pure.
+    pub fn campaign_timeout(&self, rank: usize, jitter: Duration) -> Duration {
+        self.election_min + self.campaign_step() * rank as u32 + jitter
+    }
+}
+
+/// This node's place in its group's campaign order: how many of the
+/// group's `voters`, other than `silent` (the node its vote names: the
+/// leader it would replace), come before it. The order is by a hash of the
+/// group and each voter's id (ties by id), so every node computes the same
+/// order from the same membership and vote, and each group has its own:
+/// over many groups, each of two voters comes first in about half. Pure.
+pub fn campaign_rank(group: u64, node_id: u64, voters: impl Iterator<Item = u64>, silent: Option<u64>) -> usize {
+    let key = |node: u64| (campaign_hash(group, node), node);
+    let mine = key(node_id);
+    voters.filter(|&v| v != node_id && Some(v) != silent && key(v) < mine).count()
+}
+
+/// splitmix64's finaliser over the group and node: fixed, unlike the
+/// standard library's hasher, because every node must compute the same
+/// order.
+fn campaign_hash(group: u64, node: u64) -> u64 {
+    let mut z = group.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ node.wrapping_add(0xD1B5_4A32_D192_ED03);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
 }
 
 /// When a voter campaigns, by openraft's rule: the vote's last update, plus
@@ -264,7 +317,9 @@ pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaignin
     let timings = Timings::of(raft.config());
     let grid_base = crate::grid::base();
     let started = Instant::now();
-    let mut drawn = timings.draw();
+    // The jitter is drawn per campaign; the place in the campaign order is
+    // read from the membership on every turn (it changes with the voters).
+    let mut jitter = timings.draw_jitter();
     let mut metrics = raft.server_metrics();
     let quiet = quieting.quiet.clone();
     let _unlist = Unlist { quiet: quiet.clone(), group };
@@ -272,7 +327,15 @@ pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaignin
     // Valid until the server metrics change (a new vote changes them).
     let mut vote_read: Option<VoteRead> = None;
     loop {
-        let role = role_of(&metrics.borrow_and_update(), node_id);
+        let (role, voters) = {
+            let m = metrics.borrow_and_update();
+            (role_of(&m, node_id), m.membership_config.membership().voter_ids().collect::<Vec<u64>>())
+        };
+        // The election timeout, for a vote that names `silent` (the
+        // campaign order leaves that node out).
+        let drawn_for = |silent: Option<u64>, jitter: Duration| {
+            timings.campaign_timeout(campaign_rank(group, node_id, voters.iter().copied(), silent), jitter)
+        };
         if role != Role::Leader {
             quiet.unlist(group);
             memory = None;
@@ -288,6 +351,7 @@ pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaignin
                         Some(read.leader),
                         read.clock.leader_vote,
                     )?;
+                    let drawn = drawn_for(Some(read.leader.1), jitter);
                     let deadline = election_deadline(Some(heard), true, timings.election_max, drawn, started);
                     (deadline > now).then_some(heard)
                 });
@@ -314,6 +378,7 @@ pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaignin
             _ => None,
         };
         let now = Instant::now();
+        let drawn = drawn_for(vote_read.map(|read| read.leader.1), jitter);
         let wake_at = match next_step(role, now, vote, timings, drawn, started, grid_base) {
             Step::Idle => None,
             // A quiet leader wakes on the LIVENESS grid only (`quiet.rs`).
@@ -335,11 +400,11 @@ pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaignin
                 if campaigning.allowed() && raft.trigger().elect(pre_vote).await.is_err() {
                     return;
                 }
-                // A campaign draws a new timeout, and the next one waits a
+                // A campaign draws a new jitter, and the next one waits a
                 // whole timeout: a pre-vote does not move the vote clock, and
                 // a lone voter's election is decided by the next metrics.
-                drawn = timings.draw();
-                Some(now + drawn)
+                jitter = timings.draw_jitter();
+                Some(now + drawn_for(vote_read.map(|read| read.leader.1), jitter))
             }
         };
         let changed = match wake_at {
@@ -517,10 +582,46 @@ mod tests {
     }
 
     #[test]
-    fn draws_stay_within_the_configured_range() {
+    fn neighbours_in_the_campaign_order_campaign_two_thirds_of_a_step_apart() {
+        // Step 15 ms at the defaults, jitter under 5 ms.
+        assert_eq!(T.campaign_step(), ms(15));
         for _ in 0..1_000 {
-            let d = T.draw();
-            assert!(d >= T.election_min && d < T.election_max, "{d:?}");
+            let jitter = T.draw_jitter();
+            assert!(jitter < ms(5), "{jitter:?}");
+            assert_eq!(T.campaign_timeout(0, jitter), ms(100) + jitter);
+            assert_eq!(T.campaign_timeout(2, jitter), ms(130) + jitter);
         }
+        // The latest first in line against the earliest second: 11 ms.
+        assert_eq!(T.campaign_timeout(1, Duration::ZERO) - T.campaign_timeout(0, ms(4)), ms(11));
+    }
+
+    #[test]
+    fn a_groups_campaign_order_is_one_order_and_fair_over_groups() {
+        let voters = [1_u64, 2, 3];
+        let mut first = [0_usize; 4];
+        let mut two_before_three = 0;
+        for group in 0..3_000_u64 {
+            let places: Vec<usize> =
+                voters.iter().map(|&n| campaign_rank(group, n, voters.into_iter(), None)).collect();
+            // Every node computes the same order: places 0, 1, 2, once each.
+            let mut sorted = places.clone();
+            sorted.sort_unstable();
+            assert_eq!(sorted, vec![0, 1, 2], "group {group}: {places:?}");
+            first[voters[places.iter().position(|&r| r == 0).unwrap()] as usize] += 1;
+            // With node 1 silent, which survivor campaigns first: always
+            // at place 0, the other at place 1, in the same order as before.
+            let silent = |n: u64| campaign_rank(group, n, voters.into_iter(), Some(1));
+            assert_eq!([silent(2), silent(3)].iter().min(), Some(&0), "group {group}");
+            assert_eq!(silent(2) < silent(3), places[1] < places[2], "group {group}");
+            two_before_three += usize::from(places[1] < places[2]);
+        }
+        for (node, firsts) in first.iter().enumerate().skip(1) {
+            assert!((850..=1_150).contains(firsts), "node {node} first in {firsts} of 3,000");
+        }
+        assert!((1_350..=1_650).contains(&two_before_three), "node 2 before node 3 in {two_before_three} of 3,000");
+        // Whether the node itself is in the list does not change its place.
+        assert_eq!(campaign_rank(7, 2, [1, 3].into_iter(), None), campaign_rank(7, 2, voters.into_iter(), None));
+        // A vote naming the node itself (it campaigned) takes no one out.
+        assert_eq!(campaign_rank(7, 2, voters.into_iter(), Some(2)), campaign_rank(7, 2, voters.into_iter(), None));
     }
 }
