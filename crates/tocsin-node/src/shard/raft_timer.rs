@@ -309,6 +309,14 @@ struct VoteRead {
     leader: (u64, u64),
 }
 
+impl VoteRead {
+    /// The node the vote names: while this voter waits, the leader gone
+    /// silent, which the campaign order leaves out.
+    fn silent(self) -> u64 {
+        self.leader.1
+    }
+}
+
 /// Drives `raft`'s heartbeats and elections for the group's life (see the
 /// module doc). Spawned on the Raft runtime with every group.
 pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaigning, quieting: Quieting) {
@@ -327,9 +335,16 @@ pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaignin
     // Valid until the server metrics change (a new vote changes them).
     let mut vote_read: Option<VoteRead> = None;
     loop {
+        // Only a voter among others campaigns in an order, so only it
+        // reads the voters (a leader's heartbeat turns allocate nothing).
         let (role, voters) = {
             let m = metrics.borrow_and_update();
-            (role_of(&m, node_id), m.membership_config.membership().voter_ids().collect::<Vec<u64>>())
+            let role = role_of(&m, node_id);
+            let voters = match role {
+                Role::Voter { lone: false } => m.membership_config.membership().voter_ids().collect::<Vec<u64>>(),
+                _ => Vec::new(),
+            };
+            (role, voters)
         };
         // The election timeout, for a vote that names `silent` (the
         // campaign order leaves that node out).
@@ -351,7 +366,7 @@ pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaignin
                         Some(read.leader),
                         read.clock.leader_vote,
                     )?;
-                    let drawn = drawn_for(Some(read.leader.1), jitter);
+                    let drawn = drawn_for(Some(read.silent()), jitter);
                     let deadline = election_deadline(Some(heard), true, timings.election_max, drawn, started);
                     (deadline > now).then_some(heard)
                 });
@@ -378,7 +393,7 @@ pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaignin
             _ => None,
         };
         let now = Instant::now();
-        let drawn = drawn_for(vote_read.map(|read| read.leader.1), jitter);
+        let drawn = drawn_for(vote_read.map(VoteRead::silent), jitter);
         let wake_at = match next_step(role, now, vote, timings, drawn, started, grid_base) {
             Step::Idle => None,
             // A quiet leader wakes on the LIVENESS grid only (`quiet.rs`).
@@ -404,7 +419,7 @@ pub async fn drive(raft: Raft, node_id: u64, group: u64, campaigning: Campaignin
                 // whole timeout: a pre-vote does not move the vote clock, and
                 // a lone voter's election is decided by the next metrics.
                 jitter = timings.draw_jitter();
-                Some(now + drawn_for(vote_read.map(|read| read.leader.1), jitter))
+                Some(now + drawn_for(vote_read.map(VoteRead::silent), jitter))
             }
         };
         let changed = match wake_at {
