@@ -15,6 +15,7 @@ mod failure_path;
 mod faults;
 mod grpc_conventions;
 mod lifecycle;
+mod memory;
 mod openapi;
 mod peer_port;
 mod peer_tls;

@@ -205,6 +205,11 @@ impl NodeProcess {
         panic!("node {} not ready; log:\n{}", self.node_id, std::fs::read_to_string(&self.log).unwrap_or_default());
     }
 
+    /// The running process's id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// SIGKILL: no shutdown path runs.
     pub fn kill9(&mut self) {
         if let Some(mut child) = self.child.take() {
