@@ -2,8 +2,10 @@
 # The thundering second on one fresh `tocsin dev` node, with the node's CPU
 # time from the end of the creates to the end of the drain (utime + stime
 # from /proc/<pid>/stat): `bench burst` says how late the last delivery was,
-# this says what the drain cost the node. For A/B runs of two builds,
-# alternate them on the same machine in the same hour.
+# this says what the drain cost the node: its CPU, its page faults (and the
+# machine's transparent-huge-page faults, `thp_fault_alloc`) and its
+# resident size at the end. For A/B runs of two builds, alternate them on
+# the same machine in the same hour.
 #
 #   bash deploy/burst-cpu.sh <tocsin binary> [count] [data dir]
 set -euo pipefail
@@ -22,9 +24,13 @@ while ! grep -q '^created' "$dir/bench.out" 2>/dev/null; do
   sleep 0.2
 done
 ticks() { awk '{print $14 + $15}' "/proc/$node/stat"; }
-before=$(ticks)
+faults() { awk '{print $10}' "/proc/$node/stat"; }
+huge_faults() { awk '/^thp_fault_alloc /{print $2}' /proc/vmstat; }
+before=$(ticks); faults_before=$(faults); huge_before=$(huge_faults)
 wait $bench
-after=$(ticks)
+after=$(ticks); faults_after=$(faults); huge_after=$(huge_faults)
 cat "$dir/bench.out"
 hz=$(getconf CLK_TCK)
 echo "node CPU from the end of the creates to the end of the drain: $(( (after - before) * 1000 / hz )) ms"
+echo "node minor page faults in the drain: $(( faults_after - faults_before )); huge-page faults on the machine: $(( huge_after - huge_before ))"
+echo "node resident at the end: $(awk '/^VmRSS/{print $2, $3}' "/proc/$node/status")"
