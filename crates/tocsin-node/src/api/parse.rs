@@ -19,7 +19,7 @@ use tocsin_core::timer::FireTime;
 use tocsin_core::validate;
 use tocsin_proto::v1 as pb;
 
-use crate::egress::EgressPolicy;
+use crate::egress::CheckedUrls;
 use crate::error::NodeError;
 use crate::shard::delivery::amqp::AmqpSender;
 
@@ -86,7 +86,7 @@ pub fn create(
     req: &pb::CreateTimerRequest,
     limits: &Limits,
     num_shards: u32,
-    egress: &EgressPolicy,
+    egress: &CheckedUrls,
     amqp: &AmqpSender,
 ) -> Result<ValidCreate, NodeError> {
     use pb::create_timer_request::FireTime as F;
@@ -212,7 +212,7 @@ mod tests {
     #[test]
     fn a_create_is_checked_field_by_field_and_hashed_once() {
         let limits = Limits::default();
-        let open = EgressPolicy::default();
+        let open = CheckedUrls::new(std::sync::Arc::new(crate::egress::EgressPolicy::default()));
         let brokers = std::collections::BTreeMap::from([(
             "main".to_string(),
             crate::config::BrokerUrl("amqp://127.0.0.1:5672/%2f".into()),
@@ -243,7 +243,8 @@ mod tests {
         let refused = create(&req, &limits, 16, &open, &amqp).unwrap_err();
         assert_eq!(field(refused.clone()), "callback.webhook.url");
         assert!(refused.to_string().contains("loopback"), "{refused}");
-        let loopback = EgressPolicy::parse(&["127.0.0.0/8".into()]).unwrap();
+        let loopback =
+            CheckedUrls::new(std::sync::Arc::new(crate::egress::EgressPolicy::parse(&["127.0.0.0/8".into()]).unwrap()));
         assert!(create(&req, &limits, 16, &loopback, &amqp).is_ok());
         req.callback = hook("https://example.com/hook");
         assert!(create(&req, &limits, 16, &open, &amqp).is_ok());

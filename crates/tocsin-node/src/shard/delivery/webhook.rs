@@ -59,6 +59,7 @@ use tocsin_core::command::AttemptReport;
 use tokio::sync::Semaphore;
 
 use crate::config::DeliveryConfig;
+use crate::egress::CheckedUrls;
 use crate::egress::EgressPolicy;
 use crate::egress::GuardedResolver;
 use crate::shard::ShardCtx;
@@ -151,7 +152,8 @@ pub struct WebhookSender {
     /// rotate-secret`), replaced whole whenever this node learns a newer
     /// map; a namespace named here is signed with these keys only.
     map_secrets: std::sync::RwLock<Arc<HashMap<String, Vec<Vec<u8>>>>>,
-    policy: Arc<EgressPolicy>,
+    /// The egress policy's verdicts, remembered per URL.
+    urls: CheckedUrls,
     /// The cluster map's pauses (namespaces and endpoints).
     paused: Arc<Paused>,
 }
@@ -185,15 +187,15 @@ impl WebhookSender {
             endpoints: Mutex::new(HashMap::new()),
             secrets: std::sync::RwLock::new(Arc::new(secrets)),
             map_secrets: std::sync::RwLock::new(Arc::new(HashMap::new())),
-            policy,
+            urls: CheckedUrls::new(policy),
             paused: Arc::default(),
         })
     }
 
-    /// The SSRF guard's allowlist this sender connects under; `api::parse`
-    /// checks creates against the same one.
-    pub fn egress(&self) -> &EgressPolicy {
-        &self.policy
+    /// The SSRF guard's allowlist this sender connects under, with its
+    /// remembered verdicts; `api::parse` checks creates against the same.
+    pub fn egress(&self) -> &CheckedUrls {
+        &self.urls
     }
 
     /// The cluster map's pauses, as this node last learned them.
@@ -366,7 +368,7 @@ impl WebhookSender {
         // An address literal never reaches the guarded resolver: check it
         // here (a timer created before the allowlist shrank, or before the
         // guard existed). Names are checked after resolution.
-        if let Err(refused) = self.policy.check_url(url) {
+        if let Err(refused) = self.urls.check_url(url) {
             metrics::counter!("tocsin_webhook_responses_total", "class" => "egress_refused").increment(1);
             let outcome = Outcome::Retry { error: refused.to_string(), retry_after_ms: None };
             return Some((outcome, AttemptReport::new(0, "egress_refused", 0)));
