@@ -103,7 +103,10 @@ async fn record_outcome(ctx: &ShardCtx, epoch: u64, command: Command) {
     for attempt in 0..8 {
         let proposed = match crate::fault::hit("webhook::record_outcome").await {
             Some(_) => Err(ProposeError::Overloaded { retry_after: Duration::from_millis(100) }),
-            None => ctx.proposer.propose(command.clone()).await,
+            // Nobody waits on the outcome but the timer's next step, which
+            // has until the attempt's deadline: it rides with the shard's
+            // next entry (`proposer`'s "commands that can wait").
+            None => ctx.proposer.propose_deferred(command.clone()).await,
         };
         match proposed {
             Ok(_) => return,
