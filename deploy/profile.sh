@@ -15,8 +15,10 @@
 #             node 1 is profiled
 #   idle3     the same three nodes, nothing to do, 15 s
 #
-# It records node 1 with `perf record -F 499 --call-graph dwarf` for
-# PROFILE_SECONDS (default 8) once the load is running, and writes to
+# It records node 1 with `perf record -F PROFILE_HZ --call-graph dwarf`
+# (default 499 samples a second; lower it when the recording itself tips a
+# load near capacity over) for PROFILE_SECONDS (default 8) once the load
+# is running (the `fire` load's rate: PROFILE_FIRE_RATE, default 10000), and writes to
 # out-dir (default /tmp/tocsin-profile/<load>): perf.data, folded.txt (one
 # line per distinct stack, root first, then its sample count: the input
 # format of every flame graph tool), flame.svg (deploy/flamegraph.py: the
@@ -29,6 +31,8 @@ cd "$(dirname "$0")/.."
 load="${1:?usage: profile.sh single|batched|fire|burst|cluster|idle3 [out-dir]}"
 out="${2:-/tmp/tocsin-profile/$load}"
 seconds="${PROFILE_SECONDS:-8}"
+hz="${PROFILE_HZ:-499}"
+fire_rate="${PROFILE_FIRE_RATE:-10000}"
 command -v perf >/dev/null || { echo "profile: perf is missing (Debian: apt-get install linux-perf)" >&2; exit 1; }
 bin="${PROFILE_BIN:-$(bash deploy/build.sh)}"
 tocsin="$bin/tocsin"
@@ -84,7 +88,7 @@ lead=3
 case "$load" in
   single | cluster) "$tocsin" bench create --addr 127.0.0.1:7070 --batch 1 --concurrency 64 --total 400000 --quiet >"$out/load.txt" 2>&1 & ;;
   batched) "$tocsin" bench create --addr 127.0.0.1:7070 --batch 100 --concurrency 16 --total 1000000 --quiet >"$out/load.txt" 2>&1 & ;;
-  fire) "$tocsin" bench fire --addr 127.0.0.1:7070 --rate 10000 --seconds 20 --quiet >"$out/load.txt" 2>&1 & ;;
+  fire) "$tocsin" bench fire --addr 127.0.0.1:7070 --rate "$fire_rate" --seconds 20 --quiet >"$out/load.txt" 2>&1 & ;;
   burst)
     "$tocsin" bench burst --addr 127.0.0.1:7070 --count 200000 --max-batch 1000 --lead-ms 1000 --quiet >"$out/load.txt" 2>&1 &
     lead=13 # 200,000 / 20 ms + 2 s planned for the creates, the lead, then the second
@@ -96,7 +100,7 @@ pids+=("$loadpid")
 sleep "$lead"
 echo "profile: recording node $node for $seconds s ($load)" >&2
 before=$(cpu_ticks "$node")
-perf record -F 499 --call-graph dwarf,16384 -p "$node" -o "$out/perf.data" -- sleep "$seconds" >"$out/perf.log" 2>&1
+perf record -F "$hz" --call-graph dwarf,16384 -p "$node" -o "$out/perf.data" -- sleep "$seconds" >"$out/perf.log" 2>&1
 after=$(cpu_ticks "$node")
 hz=$(getconf CLK_TCK)
 if [ "$load" != idle3 ]; then wait "$loadpid" || true; fi
