@@ -343,6 +343,17 @@ impl<T: TimerTable> Rules<'_, T> {
                 self.put(key, Some(&record), new.clone())?;
                 Ok(CommandResult::Cancelled { record: new })
             }
+            // Armed by this leader and not yet due: nothing was sent, and
+            // nothing will be (the leader sends an armed attempt only once
+            // every entry stamped before its time is applied, this one
+            // included): cancelled as if the fire had not been applied.
+            TimerState::Firing if self.sendable_only_by_current_leader(&record) => {
+                let mut new = record.unarmed();
+                new.state = TimerState::Cancelled;
+                new.finished_at_ms = self.ctx.now_ms.max(1);
+                self.put(key, Some(&record), new.clone())?;
+                Ok(CommandResult::Cancelled { record: new })
+            }
             // Fired, and still being delivered: no further attempt starts
             // (the record leaves the fire-time index). An attempt already
             // under way may still arrive; the answer says so.
@@ -371,13 +382,15 @@ impl<T: TimerTable> Rules<'_, T> {
         let Some(record) = self.get(key)? else {
             return Ok(CommandResult::NotFound);
         };
-        if record.state != TimerState::Scheduled {
+        // An armed fire not yet due is undone first, as a cancel undoes it.
+        let armed = record.state == TimerState::Firing && self.sendable_only_by_current_leader(&record);
+        if record.state != TimerState::Scheduled && !armed {
             return Ok(CommandResult::NotScheduled { state: record.state });
         }
         if record.generation != expected {
             return Ok(CommandResult::GenerationMismatch { current: record.generation });
         }
-        let mut new = record.clone();
+        let mut new = if armed { record.unarmed() } else { record.clone() };
         new.fire_at_ms = fire_at_ms;
         new.generation += 1;
         if let Some(series) = &mut new.series {
@@ -386,6 +399,20 @@ impl<T: TimerTable> Rules<'_, T> {
         }
         self.put(key, Some(&record), new.clone())?;
         Ok(CommandResult::Rescheduled { record: new })
+    }
+
+    /// Whether `record` is a push timer's first attempt that this shard's
+    /// current leader armed and whose time has not come: no attempt of it
+    /// can have been sent, since only the leader that armed it sends it,
+    /// and only once every entry stamped before its time has been applied.
+    /// An attempt taken over from an earlier leader (its firing started in
+    /// an earlier epoch) never is: that leader may have sent it.
+    fn sendable_only_by_current_leader(&self, record: &TimerRecord) -> bool {
+        record.armed_not_started(self.ctx.now_ms)
+            && record.fire.as_ref().is_some_and(|fire| {
+                fire.epoch == self.meta.epoch
+                    && fire.fire_index / crate::command::MAX_COMMANDS_PER_PROPOSAL as u64 > self.meta.epoch
+            })
     }
 
     fn fire(&mut self, key: &TimerKey, due_ms: u64, epoch: u64, timeout_ms: u64) -> Result<CommandResult, T::Error> {
@@ -405,10 +432,15 @@ impl<T: TimerTable> Rules<'_, T> {
         }
         let now = self.ctx.now_ms;
         // Never early: the entry's time must have come, except for a webhook
-        // attempt an earlier leader started, which is redelivered at once.
-        if due_ms > now && !due.adopt_now(epoch) {
+        // attempt an earlier leader started, which is redelivered at once,
+        // and a push timer's first fire, which may be armed ahead of its
+        // time (see `armable`): its attempt starts at the fire time, not now.
+        if due_ms > now && !due.adopt_now(epoch) && !armable(&record, due, now) {
             return Ok(skip(SkipReason::NotDue));
         }
+        // When the attempt this fire starts begins: now, or an armed fire's
+        // own time.
+        let start = if record.fire.is_none() { now.max(due_ms) } else { now };
         let pull = record.callback.is_pull();
         let mut new = record.clone();
         if new.fire.is_none()
@@ -432,8 +464,9 @@ impl<T: TimerTable> Rules<'_, T> {
             None => {
                 // A series works out its next occurrence in the entry that
                 // fires this one: a failover can neither skip nor double it.
+                // An armed fire works it out as a fire at its own time would.
                 if let Some(series) = &mut new.series {
-                    crate::recurrence::advance(series, record.fire_at_ms, now);
+                    crate::recurrence::advance(series, record.fire_at_ms, start);
                 }
                 // SCHEDULED -> FIRING: the fire itself.
                 new.state = TimerState::Firing;
@@ -442,17 +475,17 @@ impl<T: TimerTable> Rules<'_, T> {
                     epoch,
                     attempt: if pull { 0 } else { 1 },
                     attempt_index: self.ctx.index,
-                    fired_at_ms: now,
-                    attempt_started_at_ms: now,
+                    fired_at_ms: start,
+                    attempt_started_at_ms: start,
                     phase: if pull {
                         FirePhase::Ready { since_ms: now }
                     } else {
-                        FirePhase::InFlight { since_ms: now, until_ms: now.saturating_add(timeout_ms.max(1)) }
+                        FirePhase::InFlight { since_ms: start, until_ms: start.saturating_add(timeout_ms.max(1)) }
                     },
                     last_error: String::new(),
                     dead_reason: None,
                 });
-                if past_give_up(&new, now) {
+                if past_give_up(&new, start) {
                     return self.die(
                         key,
                         record,
@@ -475,6 +508,20 @@ impl<T: TimerTable> Rules<'_, T> {
                     push_attempt_to(&mut new.attempts, entry);
                 }
                 fire.phase = FirePhase::Ready { since_ms: now };
+            }
+            Some(fire) if fire.epoch < epoch && not_started(fire, now) => {
+                // An armed attempt an earlier leader left: its time has not
+                // come, so nobody can have sent it unless that leader did.
+                // This leader takes it over as it stands, under its own epoch,
+                // still starting at its own time (never early) and counting
+                // as the same attempt (an attempt that was never made must
+                // not use up the timer's attempts). Since the earlier leader
+                // may have sent it after all, a cancel now answers "while
+                // firing" (`sendable_only_by_current_leader`).
+                fire.epoch = epoch;
+                fire.attempt_index = self.ctx.index;
+                let start = fire.attempt_started_at_ms;
+                fire.phase = FirePhase::InFlight { since_ms: start, until_ms: start.saturating_add(timeout_ms.max(1)) };
             }
             Some(fire) => {
                 // A webhook retry after a backoff, an attempt whose deadline passed
@@ -626,6 +673,12 @@ impl<T: TimerTable> Rules<'_, T> {
             return Ok(skip(SkipReason::Stale));
         }
         let now = self.ctx.now_ms;
+        if not_started(fire, now) {
+            // An armed attempt is sent at its start, and every entry after
+            // that is stamped at or after it: an outcome stamped before it
+            // cannot be of a real send.
+            return Ok(skip(SkipReason::NotDue));
+        }
         let mut new = record.clone();
         let (end, error) = match outcome {
             AttemptOutcome::Delivered => (AttemptEnd::Delivered, ""),
@@ -728,6 +781,28 @@ fn counter_for(meta: &mut ShardMeta, state: TimerState) -> &mut u64 {
         TimerState::Firing => &mut meta.firing,
         TimerState::Delivered | TimerState::Dead | TimerState::Cancelled | TimerState::Skipped => &mut meta.finished,
     }
+}
+
+/// Whether a `Fire` for `due` at `now_ms`, ahead of the entry's time, arms
+/// the timer: a push timer's first fire (webhook or AMQP; a pull timer is
+/// offered unfired instead) at most [`limits::MAX_ARM_AHEAD_MS`] ahead, which
+/// its retry window lets start at its time. Its attempt then starts at the
+/// fire time, so the leader can send it then without a commit in between;
+/// until then a cancel or a reschedule applied in this leader's epoch
+/// undoes it (`Rules::sendable_only_by_current_leader`).
+fn armable(record: &TimerRecord, due: crate::timer::Due, now_ms: u64) -> bool {
+    due.kind == crate::timer::DueKind::Fire
+        && record.state == TimerState::Scheduled
+        && record.fire.is_none()
+        && !record.callback.is_pull()
+        && due.at_ms.saturating_sub(now_ms) <= limits::MAX_ARM_AHEAD_MS
+        && !past_give_up(record, due.at_ms)
+}
+
+/// Whether `fire`'s current attempt is an armed one whose time has not come
+/// at `now_ms`.
+fn not_started(fire: &FireRecord, now_ms: u64) -> bool {
+    matches!(fire.phase, FirePhase::InFlight { .. }) && fire.attempt_started_at_ms > now_ms
 }
 
 fn past_give_up(record: &TimerRecord, now_ms: u64) -> bool {

@@ -84,6 +84,13 @@ pub struct FireConfig {
     /// Catch-up fires started per second per namespace by this shard's
     /// leader; 0: unlimited.
     pub catch_up_per_namespace_per_sec: u32,
+    /// A push timer's first `Fire` is proposed up to this long before its
+    /// time, to be armed (`crate::arm`); 0: at its time. At most
+    /// [`crate::limits::MAX_ARM_AHEAD_MS`].
+    pub arm_ahead_ms: u64,
+    /// Timers due within this much of each other are armed together, in
+    /// one batch ([`crate::arm::arm_at`]).
+    pub arm_step_ms: u64,
 }
 
 /// What a paced `Fire` is: each namespace has a budget for each.
@@ -206,6 +213,9 @@ struct Tracked {
     state: State,
     /// The log index the latest information about this timer reflects.
     seen_index: u64,
+    /// The apply rules refused to arm its fire ahead of time (`NotDue`):
+    /// it waits for its time instead.
+    unarmable: bool,
 }
 
 /// Counters for metrics and tests.
@@ -425,6 +435,14 @@ impl FireCore {
         match outcome {
             FireOutcome::NotLeader => Some(Action::Stop),
             FireOutcome::Applied { skipped: Some(SkipReason::StaleEpoch), .. } => Some(Action::Stop),
+            FireOutcome::Applied { index, skipped: Some(SkipReason::NotDue) } if due.at_ms > now_ms => {
+                // Proposed ahead of its time to be armed, and not armable (a pull
+                // timer's entry of an older format, a retry window that ends
+                // before its time): it waits for its time.
+                self.tracked.remove(&key);
+                self.wait_unarmed(key, due, index.max(seen_index), 0);
+                None
+            }
             FireOutcome::Applied { index, skipped: Some(SkipReason::NotDue) } => {
                 // The entry is where it was (the leader's stamp was behind): try
                 // again a little later.
@@ -513,8 +531,9 @@ impl FireCore {
             };
             // Never early: the wheel yields nothing before its time, and an
             // entry is in the wheel before its time only when adopted from
-            // an earlier leader.
-            debug_assert!(due.at_ms <= now_ms || due.adopt_now(self.epoch));
+            // an earlier leader, or to be armed (its attempt starts at its
+            // time whenever the `Fire` is applied).
+            debug_assert!(due.at_ms <= now_ms || due.adopt_now(self.epoch) || self.arms(&due));
             // Checked per fire: skip the hash when nothing is paused.
             if !self.paused.is_empty() && self.paused.contains(&key.namespace) {
                 self.tracked.remove(&key);
@@ -667,13 +686,38 @@ impl FireCore {
         }
     }
 
+    /// Whether the core hands `due` over ahead of its time, to be armed: the
+    /// first fire of a scheduled timer, while arming is on. A scheduled pull
+    /// timer is offered at its time instead ([`DueKind::PullFire`]).
+    fn arms(&self, due: &Due) -> bool {
+        due.kind == DueKind::Fire && self.config.arm_ahead_ms > 0
+    }
+
     /// Tracks `key` as waiting for `due`, in the wheel at the time the leader
     /// acts on it (never before `not_before_ms`).
     fn wait(&mut self, key: TimerKey, due: Due, seen_index: u64, not_before_ms: u64) {
+        let unarmable = self.tracked.get(&key).is_some_and(|t| t.unarmable && Self::waiting_for(t) == Some(due));
+        self.wait_as(key, due, seen_index, not_before_ms, unarmable);
+    }
+
+    /// Like [`wait`](Self::wait), at `due`'s own time even if it could be
+    /// armed.
+    fn wait_unarmed(&mut self, key: TimerKey, due: Due, seen_index: u64, not_before_ms: u64) {
+        self.wait_as(key, due, seen_index, not_before_ms, true);
+    }
+
+    fn waiting_for(t: &Tracked) -> Option<Due> {
+        match t.state {
+            State::Waiting { due, .. } | State::Proposed { due } | State::Deferred { due } => Some(due),
+            State::Rereading => None,
+        }
+    }
+
+    fn wait_as(&mut self, key: TimerKey, due: Due, seen_index: u64, not_before_ms: u64, unarmable: bool) {
         if let Some(t) = self.tracked.get(&key)
             && let State::Waiting { handle, due: old } = t.state
         {
-            if old == due {
+            if old == due && t.unarmable == unarmable {
                 // Already waiting for exactly this (perhaps later, after a retry
                 // delay): keep its place.
                 self.tracked.get_mut(&key).expect("present").seen_index = seen_index.max(t.seen_index);
@@ -681,9 +725,16 @@ impl FireCore {
             }
             self.wheel.cancel(handle);
         }
-        let at_ms = if due.adopt_now(self.epoch) { 0 } else { due.at_ms }.max(not_before_ms);
+        let at_ms = if due.adopt_now(self.epoch) {
+            0
+        } else if !unarmable && self.arms(&due) {
+            crate::arm::arm_at(due.at_ms, self.config.arm_ahead_ms, self.config.arm_step_ms)
+        } else {
+            due.at_ms
+        }
+        .max(not_before_ms);
         let handle = self.insert_wheel(&key, at_ms);
-        self.tracked.insert(key, Tracked { state: State::Waiting { handle, due }, seen_index });
+        self.tracked.insert(key, Tracked { state: State::Waiting { handle, due }, seen_index, unarmable });
     }
 
     fn insert_wheel(&mut self, key: &TimerKey, at_ms: u64) -> Handle {

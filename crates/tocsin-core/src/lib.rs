@@ -25,6 +25,7 @@
 //! (`now_ms` stamped by the shard leader into each log entry).
 
 pub mod apply;
+pub mod arm;
 pub mod auth;
 pub mod backoff;
 pub mod breaker;

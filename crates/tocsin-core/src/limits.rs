@@ -47,6 +47,11 @@ pub const MIN_INTERVAL_MS: u64 = 1_000;
 pub const MAX_INTERVAL_MS: u64 = 366 * 24 * 3600 * 1000;
 /// Width of a horizon bucket: counts of upcoming fires are kept per minute.
 pub const HORIZON_BUCKET_MS: u64 = 60_000;
+/// Longest a push timer's first `Fire` may be applied ahead of its fire
+/// time (an *armed* fire, see `apply.rs`): the apply rules refuse an
+/// earlier one (`NotDue`), whatever a leader's `firing.arm_ahead_ms` says.
+/// A part of the apply rules: every replica must agree on it.
+pub const MAX_ARM_AHEAD_MS: u64 = 2_000;
 
 /// Configurable limits and defaults. Every field is documented in
 /// `deploy/tocsin.example.toml`.

@@ -469,6 +469,42 @@ impl TimerRecord {
         }
     }
 
+    /// Whether this is a push timer whose first fire is armed
+    /// (`crate::arm`) and whose attempt has not started by `now_ms`: it has
+    /// not fired yet, whatever its stored state says.
+    pub fn armed_not_started(&self, now_ms: u64) -> bool {
+        self.state == TimerState::Firing
+            && self.attempts.is_empty()
+            && self.fire.as_ref().is_some_and(|f| {
+                f.attempt == 1 && matches!(f.phase, FirePhase::InFlight { .. }) && f.attempt_started_at_ms > now_ms
+            })
+    }
+
+    /// The record as it was before its armed `Fire`: scheduled, without fire
+    /// facts, its series (if any) back where it stood (the fire counted the
+    /// occurrence and worked out the next one; a scheduled occurrence has
+    /// none worked out yet, `next_occurrence` in `apply.rs` took it).
+    pub fn unarmed(&self) -> TimerRecord {
+        let mut new = self.clone();
+        new.state = TimerState::Scheduled;
+        new.fire = None;
+        if let Some(series) = &mut new.series {
+            series.occurrence = series.occurrence.saturating_sub(1);
+            series.next_at_ms = None;
+        }
+        new
+    }
+
+    /// The record as a client sees it at `now_ms`: an armed fire whose time
+    /// has not come reads as the scheduled timer it still is.
+    pub fn as_of(&self, now_ms: u64) -> std::borrow::Cow<'_, TimerRecord> {
+        if self.armed_not_started(now_ms) {
+            std::borrow::Cow::Owned(self.unarmed())
+        } else {
+            std::borrow::Cow::Borrowed(self)
+        }
+    }
+
     /// The time of [`due`](Self::due): the key of the timer's entry in the
     /// fire-time index.
     pub fn due_ms(&self) -> Option<u64> {

@@ -173,6 +173,7 @@ fn run(steps: &[Step]) -> (Vec<CommandResult>, Shard) {
         }
         let Some(cmd) = command(&shard, now, step) else { continue };
         let before = cmd.key().and_then(|k| shard.table.timers.get(k).cloned());
+        let shard_before = Shard { table: Default::default(), meta: shard.meta.clone(), index: shard.index };
         let twin = matches!(cmd, Command::FireReserve { .. }).then(|| fire_then_reserve(&shard, now, &cmd));
         let result = shard.apply(now, cmd.clone());
         // A `FireReserve` is exactly a `Fire`, then a `Reserve` of the firing
@@ -184,11 +185,16 @@ fn run(steps: &[Step]) -> (Vec<CommandResult>, Shard) {
             assert_eq!(shard.meta, twin.meta);
         }
 
-        // A cancel's answer is decided by the state it found.
+        // A cancel's answer is decided by the state it found. An armed fire
+        // whose time has not come is undone as if never applied, when this
+        // leader armed it (an earlier leader may have sent it).
         if let Command::Cancel { .. } = cmd {
             let expected = match before.as_ref().map(|r| r.state) {
                 None => "not_found",
                 Some(TimerState::Scheduled) => "cancelled",
+                Some(TimerState::Firing) if armed_by_this_leader(&shard_before, before.as_ref().unwrap(), now) => {
+                    "cancelled"
+                }
                 Some(TimerState::Firing) => "cancelled_while_firing",
                 Some(TimerState::Cancelled) => "already_cancelled",
                 Some(_) => "already_fired",
@@ -248,8 +254,19 @@ fn run(steps: &[Step]) -> (Vec<CommandResult>, Shard) {
                 !cancelled.contains(&(k, record.created_index)),
                 "dispatched a timer whose cancel was acknowledged"
             );
-            assert!(record.fire_at_ms <= now, "dispatched before its fire time");
             let fire = record.fire.as_ref().unwrap();
+            // Never early: a pull timer is made ready once its time has come;
+            // a push timer's attempt starts at its fire time at the earliest
+            // (an armed fire is applied ahead, its attempt starting then).
+            if record.callback.is_pull() {
+                assert!(record.fire_at_ms <= now, "dispatched before its fire time");
+            } else {
+                assert!(fire.attempt_started_at_ms >= record.fire_at_ms, "an attempt starts before its fire time");
+                assert!(
+                    fire.attempt_started_at_ms <= now.max(shard.meta.clock_ms) + tocsin_core::limits::MAX_ARM_AHEAD_MS,
+                    "armed further ahead than the rules allow"
+                );
+            }
             if matches!(fire.phase, tocsin_core::FirePhase::InFlight { .. }) {
                 assert_eq!(fire.epoch, shard.meta.epoch, "an attempt started under a stale epoch");
                 assert_ne!(fire.epoch, 0);
@@ -290,7 +307,12 @@ fn run(steps: &[Step]) -> (Vec<CommandResult>, Shard) {
                 TimerState::Firing => 1,
                 _ => 2,
             };
-            assert!(rank(a.state) >= rank(b.state), "{:?} -> {:?}", b.state, a.state);
+            // The one way back: a reschedule undoes an armed fire whose time
+            // has not come.
+            let unarmed = matches!(cmd, Command::Reschedule { .. })
+                && matches!(result, CommandResult::Rescheduled { .. })
+                && armed_by_this_leader(&shard_before, b, now);
+            assert!(rank(a.state) >= rank(b.state) || unarmed, "{:?} -> {:?}", b.state, a.state);
             if b.state.is_terminal() {
                 assert_eq!(a, b, "a finished timer never changes");
             }
@@ -304,6 +326,22 @@ fn run(steps: &[Step]) -> (Vec<CommandResult>, Shard) {
         assert_eq!(shard.meta.finished, count(TimerState::is_terminal));
     }
     (results, shard)
+}
+
+/// Whether `record` (in `shard` as it was before a command applied at
+/// `now`) is an armed first attempt this shard's current leader armed and
+/// whose time has not come: nothing of it can have been sent.
+fn armed_by_this_leader(shard: &Shard, record: &tocsin_core::TimerRecord, now: u64) -> bool {
+    let now = now.max(shard.meta.clock_ms);
+    record.state == TimerState::Firing
+        && record.attempts.is_empty()
+        && record.fire.as_ref().is_some_and(|f| {
+            matches!(f.phase, tocsin_core::FirePhase::InFlight { .. })
+                && f.attempt == 1
+                && f.attempt_started_at_ms > now
+                && f.epoch == shard.meta.epoch
+                && f.fire_index / tocsin_core::command::MAX_COMMANDS_PER_PROPOSAL as u64 > shard.meta.epoch
+        })
 }
 
 proptest! {

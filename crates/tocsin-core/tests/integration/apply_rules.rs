@@ -413,20 +413,157 @@ fn fire_after_cancel_is_a_no_op() {
 fn never_fires_early_nor_under_a_stale_epoch() {
     let mut shard = Shard::new();
     let key = TimerKey::new("orders", "c");
-    shard.apply(T0, create(&key, &spec(T0 + 1000, webhook()), 3));
+    shard.apply(T0, create(&key, &spec(T0 + 10_000, webhook()), 3));
     let old_epoch = shard.elect(T0, 1);
     let new_epoch = shard.elect(T0 + 1, 2);
     assert!(new_epoch > old_epoch);
 
+    // Further ahead than a fire may be armed: not yet.
+    let too_early = T0 + 9_999 - tocsin_core::limits::MAX_ARM_AHEAD_MS;
     assert_eq!(
-        shard.apply(T0 + 999, fire(&key, T0 + 1000, new_epoch)),
+        shard.apply(too_early, fire(&key, T0 + 10_000, new_epoch)),
         CommandResult::Skipped { reason: SkipReason::NotDue }
     );
     assert_eq!(
-        shard.apply(T0 + 1000, fire(&key, T0 + 1000, old_epoch)),
+        shard.apply(T0 + 10_000, fire(&key, T0 + 10_000, old_epoch)),
         CommandResult::Skipped { reason: SkipReason::StaleEpoch }
     );
-    assert!(matches!(shard.apply(T0 + 1000, fire(&key, T0 + 1000, new_epoch)), CommandResult::Dispatch { .. }));
+    // Closer than that it is armed: the attempt starts at the fire time,
+    // not when the fire is applied.
+    let CommandResult::Dispatch { record } = shard.apply(T0 + 9_999, fire(&key, T0 + 10_000, new_epoch)) else {
+        panic!()
+    };
+    let facts = record.fire.unwrap();
+    assert_eq!((facts.attempt, facts.fired_at_ms, facts.attempt_started_at_ms), (1, T0 + 10_000, T0 + 10_000));
+    assert_eq!(facts.phase, FirePhase::InFlight { since_ms: T0 + 10_000, until_ms: T0 + 40_000 });
+}
+
+#[test]
+fn an_armed_fire_is_undone_by_a_cancel_or_reschedule_before_its_time_under_its_leader() {
+    let mut shard = Shard::new();
+    let (a, b, c) =
+        (TimerKey::new("orders", "arm-a"), TimerKey::new("orders", "arm-b"), TimerKey::new("orders", "arm-c"));
+    for key in [&a, &b, &c] {
+        shard.apply(T0, create(key, &spec(T0 + 1000, webhook()), 3));
+    }
+    let epoch = shard.elect(T0, 1);
+    for key in [&a, &b, &c] {
+        assert!(matches!(shard.apply(T0 + 800, fire(key, T0 + 1000, epoch)), CommandResult::Dispatch { .. }));
+    }
+    assert_eq!(shard.table.due.len(), 3, "armed attempts are indexed at their deadline");
+    assert_eq!((shard.meta.scheduled, shard.meta.firing), (0, 3));
+
+    // Phase: a cancel before the fire time undoes the fire: cancelled, never
+    // fired, out of the index.
+    let CommandResult::Cancelled { record } = shard.apply(T0 + 999, Command::Cancel { key: a.clone() }) else {
+        panic!()
+    };
+    assert_eq!((record.state, record.fire.is_none(), record.due()), (TimerState::Cancelled, true, None));
+
+    // Phase: a reschedule before the fire time puts it back, scheduled at the
+    // new time, the generation raised.
+    let resched = Command::Reschedule { key: b.clone(), expected_generation: 1, fire_at_ms: T0 + 5000 };
+    let CommandResult::Rescheduled { record } = shard.apply(T0 + 999, resched) else { panic!() };
+    assert_eq!((record.state, record.fire_at_ms, record.generation), (TimerState::Scheduled, T0 + 5000, 2));
+    assert!(record.fire.is_none());
+    assert_eq!((shard.meta.scheduled, shard.meta.firing, shard.meta.finished), (1, 1, 1));
+
+    // Phase: at its time the attempt has started: a cancel no longer undoes
+    // it, and a reschedule no longer applies.
+    let resched = Command::Reschedule { key: c.clone(), expected_generation: 1, fire_at_ms: T0 + 5000 };
+    assert_eq!(shard.apply(T0 + 1000, resched), CommandResult::NotScheduled { state: TimerState::Firing });
+    assert!(matches!(
+        shard.apply(T0 + 1000, Command::Cancel { key: c.clone() }),
+        CommandResult::CancelledWhileFiring { attempt_in_flight: true, .. }
+    ));
+}
+
+#[test]
+fn a_new_leader_takes_over_an_armed_attempt_at_its_time_without_using_up_an_attempt() {
+    let mut shard = Shard::new();
+    let (a, b) = (TimerKey::new("orders", "taken-a"), TimerKey::new("orders", "taken-b"));
+    for key in [&a, &b] {
+        shard.apply(T0, create(key, &spec(T0 + 1000, webhook()), 1));
+    }
+    let first = shard.elect(T0, 1);
+    for key in [&a, &b] {
+        assert!(matches!(shard.apply(T0 + 800, fire(key, T0 + 1000, first)), CommandResult::Dispatch { .. }));
+    }
+    let deadline = T0 + 31_000;
+
+    // Phase: the leader changes before the fire time. The first leader may
+    // have sent nothing, or (its clock ahead) the attempt: a cancel under
+    // the new leader answers "while firing".
+    let second = shard.elect(T0 + 900, 2);
+    assert!(matches!(
+        shard.apply(T0 + 901, Command::Cancel { key: a.clone() }),
+        CommandResult::CancelledWhileFiring { attempt_in_flight: true, .. }
+    ));
+
+    // Phase: the new leader takes the other over at once (an attempt of an
+    // earlier leader is adopted now), still starting at the fire time, the
+    // same attempt (one allowed: it is not used up, nor the timer dead).
+    let CommandResult::Dispatch { record } = shard.apply(T0 + 902, fire(&b, deadline, second)) else { panic!() };
+    let facts = record.fire.clone().unwrap();
+    assert_eq!((facts.attempt, facts.epoch, facts.attempt_started_at_ms), (1, second, T0 + 1000));
+    assert!(record.attempts.is_empty(), "no attempt ended: none was made");
+    // Taken over, it may have been sent by the first leader: a cancel before
+    // its time answers "while firing" under this leader too.
+    let CommandResult::CancelledWhileFiring { record, .. } = shard.apply(T0 + 950, Command::Cancel { key: b.clone() })
+    else {
+        panic!()
+    };
+    assert_eq!(record.state, TimerState::Cancelled);
+}
+
+#[test]
+fn only_a_push_timers_first_fire_is_armed_and_no_outcome_precedes_its_attempt() {
+    let mut shard = Shard::new();
+    let push = TimerKey::new("orders", "push");
+    let pull = TimerKey::new("orders", "pull");
+    let late_give_up = TimerKey::new("orders", "give-up");
+    shard.apply(T0, create(&push, &spec(T0 + 1000, webhook()), 3));
+    shard.apply(T0, create(&pull, &spec(T0 + 1000, Callback::Pull { topic: "t".into(), ttr_ms: 0 }), 3));
+    let mut gives_up = create(&late_give_up, &spec(T0 + 1000, webhook()), 3);
+    if let Command::Create { retry, .. } = &mut gives_up {
+        retry.give_up_after_ms = T0 + 500;
+    }
+    shard.apply(T0, gives_up);
+    let epoch = shard.elect(T0, 1);
+
+    // Phase: a pull timer is offered at its time, not armed; nor is a timer
+    // whose retry window ends before its time (it dies at its time).
+    assert_eq!(
+        shard.apply(T0 + 900, fire(&pull, T0 + 1000, epoch)),
+        CommandResult::Skipped { reason: SkipReason::NotDue }
+    );
+    assert_eq!(
+        shard.apply(T0 + 900, fire(&late_give_up, T0 + 1000, epoch)),
+        CommandResult::Skipped { reason: SkipReason::NotDue }
+    );
+
+    // Phase: an outcome stamped before an armed attempt's start is refused:
+    // nothing can have been sent yet.
+    let CommandResult::Dispatch { record } = shard.apply(T0 + 900, fire(&push, T0 + 1000, epoch)) else { panic!() };
+    let facts = record.fire.unwrap();
+    let outcome = |at| Command::AttemptResult {
+        key: push.clone(),
+        fire_index: facts.fire_index,
+        attempt: 1,
+        outcome: AttemptOutcome::Failed { error: "503".into(), retry_at_ms: at + 1000 },
+        report: AttemptReport::new(503, "5xx", 3),
+    };
+    assert_eq!(shard.apply(T0 + 950, outcome(T0 + 950)), CommandResult::Skipped { reason: SkipReason::NotDue });
+    assert!(matches!(shard.apply(T0 + 1010, outcome(T0 + 1010)), CommandResult::Recorded { .. }));
+
+    // Phase: its retry, after the backoff, is fired at its time, not armed.
+    let retry_at = T0 + 2010;
+    assert_eq!(
+        shard.apply(retry_at - 100, fire(&push, retry_at, epoch)),
+        CommandResult::Skipped { reason: SkipReason::NotDue }
+    );
+    let CommandResult::Dispatch { record } = shard.apply(retry_at, fire(&push, retry_at, epoch)) else { panic!() };
+    assert_eq!(record.fire.unwrap().attempt, 2);
 }
 
 #[test]
@@ -567,7 +704,10 @@ fn a_shards_clock_never_goes_backwards() {
     // shard's latest time, so the timer is neither early nor fired in the past.
     assert_eq!(shard.apply(T0, Command::Cancel { key: TimerKey::new("orders", "none") }), CommandResult::NotFound);
     assert_eq!(shard.meta.clock_ms, T0 + 5_000);
-    assert_eq!(shard.apply(T0, fire(&key, T0 + 6_000, epoch)), CommandResult::Skipped { reason: SkipReason::NotDue });
+    // A fire armed at that time starts its attempt at the fire time, never
+    // earlier; a cancel stamped behind still undoes it, at the shard's time.
+    let CommandResult::Dispatch { record } = shard.apply(T0, fire(&key, T0 + 6_000, epoch)) else { panic!() };
+    assert_eq!(record.fire.unwrap().attempt_started_at_ms, T0 + 6_000);
     let CommandResult::Cancelled { record } = shard.apply(T0 + 10, Command::Cancel { key: key.clone() }) else {
         panic!()
     };

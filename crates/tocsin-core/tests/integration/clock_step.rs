@@ -23,6 +23,8 @@ fn a_backward_clock_step_neither_panics_nor_fires_behind_the_shards_time() {
         retries_per_namespace_per_sec: 0,
         catch_up_after_ms: 0,
         catch_up_per_namespace_per_sec: 0,
+        arm_ahead_ms: 0,
+        arm_step_ms: 0,
     };
     let mut core = FireCore::new(config, 5, 10_000);
     // Polls, answering every load with an empty page; returns the fires.

@@ -6,7 +6,9 @@
 //!
 //! Two properties, for every generated history:
 //! - **never early**: the core proposes `(key, due)` only when `due` has come,
-//!   or when the entry is a webhook attempt an earlier leader started;
+//!   when the entry is a webhook attempt an earlier leader started, or at
+//!   most `ARM_AHEAD_MS` ahead to be armed (the model's apply then starts
+//!   the attempt at `due`, and nothing answers an attempt before it starts);
 //! - **nothing stranded, nothing late**: once the faults stop and the world
 //!   settles (changes delivered, outcomes answered), no timer is more than a
 //!   second late, and once time has passed every due time the index is
@@ -31,10 +33,13 @@ use tocsin_core::fire::FireCore;
 use tocsin_core::fire::FireOutcome;
 use tocsin_core::fire::IndexChange;
 use tocsin_core::fire::LoadFrom;
+use tocsin_core::limits::MAX_ARM_AHEAD_MS;
 
 const EPOCH: u64 = 50;
 const ATTEMPT_MS: u64 = 3_000;
 const WINDOW_MS: u64 = 5_000;
+const ARM_AHEAD_MS: u64 = 250;
+const ARM_STEP_MS: u64 = 50;
 
 #[derive(Clone, Debug)]
 enum Step {
@@ -132,6 +137,9 @@ struct World {
     pull: BTreeSet<TimerKey>,
     /// `(key, due)` pairs that were ever an earlier leader's webhook attempt.
     adoptable: BTreeSet<(TimerKey, u64)>,
+    /// When each webhook attempt in the index starts: an armed one at its
+    /// timer's fire time, which may be ahead.
+    starts: BTreeMap<TimerKey, u64>,
     core: FireCore,
 }
 
@@ -145,6 +153,8 @@ impl World {
             retries_per_namespace_per_sec: 20,
             catch_up_after_ms: 0,
             catch_up_per_namespace_per_sec: 0,
+            arm_ahead_ms: ARM_AHEAD_MS,
+            arm_step_ms: ARM_STEP_MS,
         };
         World {
             now: 1_000_000,
@@ -160,6 +170,7 @@ impl World {
             rereads: Vec::new(),
             pull: BTreeSet::new(),
             adoptable: BTreeSet::new(),
+            starts: BTreeMap::new(),
             core: FireCore::new(config, EPOCH, 1_000_000),
         }
     }
@@ -187,10 +198,14 @@ impl World {
         if due.at_ms != due_ms {
             return CommandResult::Skipped { reason: SkipReason::Stale };
         }
-        if due_ms > self.now && !due.adopt_now(EPOCH) {
+        let pull = self.pull.contains(key);
+        // A webhook timer's first fire may be armed ahead of its time: its
+        // attempt starts at its time.
+        let armed = due.kind == DueKind::Fire && !pull && due_ms > self.now;
+        if due_ms > self.now && !due.adopt_now(EPOCH) && !(armed && due_ms - self.now <= MAX_ARM_AHEAD_MS) {
             return CommandResult::Skipped { reason: SkipReason::NotDue };
         }
-        let pull = self.pull.contains(key);
+        let start = if due.kind == DueKind::Fire { due_ms.max(self.now) } else { self.now };
         let next = match due.kind {
             DueKind::Ready => {
                 // Re-offered; nothing changes.
@@ -199,8 +214,11 @@ impl World {
                 return dispatch();
             }
             _ if pull => Due { at_ms: self.now, kind: DueKind::Ready },
-            _ => Due { at_ms: self.now + ATTEMPT_MS, kind: DueKind::Attempt { epoch: EPOCH, webhook: true } },
+            _ => Due { at_ms: start + ATTEMPT_MS, kind: DueKind::Attempt { epoch: EPOCH, webhook: true } },
         };
+        if !pull {
+            self.starts.insert(key.clone(), start);
+        }
         self.set(key.clone(), Some(next));
         if pull {
             // The same entry's dispatch offers it.
@@ -309,7 +327,9 @@ impl World {
             }
             Step::Deliver { k } => {
                 let key = key(k);
-                if self.index.get(&key).is_some_and(|d| matches!(d.kind, DueKind::Attempt { webhook: true, .. })) {
+                if self.index.get(&key).is_some_and(|d| matches!(d.kind, DueKind::Attempt { webhook: true, .. }))
+                    && self.started(&key)
+                {
                     self.set(key, None);
                 }
             }
@@ -360,7 +380,7 @@ impl World {
                 Action::Fire(batch) => {
                     for (key, due_ms) in batch {
                         assert!(
-                            due_ms <= self.now || self.adoptable.contains(&(key.clone(), due_ms)),
+                            due_ms <= self.now + ARM_AHEAD_MS || self.adoptable.contains(&(key.clone(), due_ms)),
                             "{key} proposed at {} for {due_ms}: early",
                             self.now
                         );
@@ -377,6 +397,12 @@ impl World {
                 Action::Stop => panic!("nothing in this model deposes the leader"),
             }
         }
+    }
+
+    /// Whether `key`'s webhook attempt has started: a receiver can answer
+    /// only an attempt that was sent, and an armed one is sent at its start.
+    fn started(&self, key: &TimerKey) -> bool {
+        self.starts.get(key).is_none_or(|&start| start <= self.now)
     }
 
     fn read_page(&self, from: &LoadFrom, before_ms: u64, limit: usize) -> Vec<(DuePos, DueKind)> {
@@ -424,7 +450,7 @@ impl World {
                 .index
                 .iter()
                 .filter(|(k, d)| {
-                    matches!(d.kind, DueKind::Attempt { webhook: true, .. })
+                    (matches!(d.kind, DueKind::Attempt { webhook: true, .. }) && self.started(k))
                         || (d.kind == DueKind::Ready && self.offered.contains(*k))
                 })
                 .map(|(k, _)| k.clone())
@@ -508,6 +534,8 @@ fn paced_config(load_page: usize, retries_per_sec: u32, catch_up_after_ms: u64, 
         retries_per_namespace_per_sec: retries_per_sec,
         catch_up_after_ms,
         catch_up_per_namespace_per_sec: catch_up_per_sec,
+        arm_ahead_ms: 0,
+        arm_step_ms: 0,
     }
 }
 
