@@ -229,6 +229,15 @@ pub struct FiringConfig {
     /// Catch-up fires a shard's leader starts per second per namespace
     /// (cluster-wide about this times the number of shards); 0: unlimited.
     pub catch_up_per_namespace_per_sec: u32,
+    /// A webhook or AMQP timer's first `Fire` is committed up to this long
+    /// before its fire time and sent at its time with no commit in between
+    /// (an armed fire, `tocsin_core::arm`); 0: committed at its time. At
+    /// most `tocsin_core::limits::MAX_ARM_AHEAD_MS` (2000).
+    pub arm_ahead_ms: u64,
+    /// Timers due within this much of each other are armed in one batch of
+    /// `Fire`s: each is armed between `arm_ahead_ms - arm_step_ms` and
+    /// `arm_ahead_ms` before its time.
+    pub arm_step_ms: u64,
 }
 
 impl Default for FiringConfig {
@@ -242,6 +251,8 @@ impl Default for FiringConfig {
             retries_per_namespace_per_sec: 50,
             catch_up_after_ms: 60_000,
             catch_up_per_namespace_per_sec: 1_000,
+            arm_ahead_ms: 300,
+            arm_step_ms: 50,
         }
     }
 }
@@ -728,6 +739,12 @@ impl NodeConfig {
         }
         if self.firing.fire_batch == 0 || self.firing.load_page == 0 {
             return invalid("firing.fire_batch", "batches must not be empty");
+        }
+        if self.firing.arm_ahead_ms > tocsin_core::limits::MAX_ARM_AHEAD_MS {
+            return invalid("firing.arm_ahead_ms", "must be at most 2000 (the apply rules arm no further ahead)");
+        }
+        if self.firing.arm_ahead_ms > 0 && !(1..=self.firing.arm_ahead_ms).contains(&self.firing.arm_step_ms) {
+            return invalid("firing.arm_step_ms", "must be between 1 and firing.arm_ahead_ms");
         }
         if !(20..=60_000).contains(&self.max_clock_offset_ms) {
             return invalid("max_clock_offset_ms", "must be between 20 and 60000");

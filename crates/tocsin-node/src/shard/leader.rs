@@ -23,6 +23,16 @@
 //! webhook attempt or makes a pull timer ready, delivery gets it from the
 //! applied entry, not from the proposer's reply.
 //!
+//! **Armed fires** (`tocsin_core::arm`). The core hands a push timer's
+//! first fire over up to `firing.arm_ahead_ms` before its time, a step of
+//! fire times at once, and the `Fire` is applied ahead: its attempt starts
+//! at the fire time. The loop holds such an attempt ([`Armed`]) until its
+//! start, drops it if the applied log moves the timer again (a cancel, a
+//! reschedule), and at its start sends it once the proposer's
+//! [`StampFence`](tocsin_core::arm::StampFence) says no cancel stamped
+//! before it is still on its way and the applied log up to then is read.
+//! So the commit is off the path from fire time to delivery.
+//!
 //! On step-down the task is aborted at once; deliveries in flight notice
 //! through [`ShardCtx::may_dispatch`]. A node whose clock is off fires
 //! nothing (`clock.rs`).
@@ -36,6 +46,8 @@ use tocsin_core::CommandResult;
 use tocsin_core::Due;
 use tocsin_core::DueKind;
 use tocsin_core::TimerKey;
+use tocsin_core::TimerRecord;
+use tocsin_core::arm::Armed;
 use tocsin_core::fire::Action;
 use tocsin_core::fire::FireConfig;
 use tocsin_core::fire::FireCore;
@@ -163,6 +175,8 @@ async fn run(ctx: Arc<ShardCtx>, dispatcher: Arc<Dispatcher>) {
         retries_per_namespace_per_sec: firing.retries_per_namespace_per_sec,
         catch_up_after_ms: firing.catch_up_after_ms,
         catch_up_per_namespace_per_sec: firing.catch_up_per_namespace_per_sec,
+        arm_ahead_ms: firing.arm_ahead_ms,
+        arm_step_ms: firing.arm_step_ms,
     };
     let now = ctx.clock.now_ms();
     let (io_tx, io_rx) = mpsc::unbounded_channel();
@@ -177,6 +191,7 @@ async fn run(ctx: Arc<ShardCtx>, dispatcher: Arc<Dispatcher>) {
         first_fire_logged: false,
         started_ms: now,
         paused_version: u64::MAX,
+        armed: Armed::default(),
     };
     lp.run(events, io_rx).await;
 }
@@ -293,6 +308,8 @@ struct FireLoop {
     started_ms: u64,
     /// The version of the paused set the core has (`Paused::version`).
     paused_version: u64,
+    /// Armed attempts applied ahead of their start, held until then.
+    armed: Armed<TimerRecord>,
 }
 
 impl FireLoop {
@@ -311,6 +328,9 @@ impl FireLoop {
                 next_rescan = tokio::time::Instant::now() + RESCAN_EVERY;
                 tracing::warn!(shard = self.ctx.shard, "wheel events were lost; reading the fire-time index again");
                 self.core.on_overflow();
+                // A lost change may have been a cancel of a held attempt: none
+                // is sent unseen; each comes due again at its deadline.
+                self.armed.clear();
             }
             while let Some(applied) = events.try_recv() {
                 self.on_applied(applied);
@@ -320,6 +340,7 @@ impl FireLoop {
                     return;
                 }
             }
+            self.send_armed(&mut events);
             if !self.act() {
                 return;
             }
@@ -339,8 +360,12 @@ impl FireLoop {
             // wake-up of the runtime for all of them, and never later than
             // a TICK from now.
             let tick_at = crate::grid::next_line(TICK);
-            let wake_at = match self.core.next_wake_ms() {
-                Some(at) if self.batches_in_flight < MAX_FIRE_BATCHES_IN_FLIGHT => {
+            let core_wake = self.core.next_wake_ms().filter(|_| self.batches_in_flight < MAX_FIRE_BATCHES_IN_FLIGHT);
+            // A held attempt still here at its start waits for a cancel on its
+            // way: its applied entry wakes the loop; look again a ms on anyway.
+            let armed_wake = self.armed.next_ms().map(|at| at.max(now + 1));
+            let wake_at = match [core_wake, armed_wake].into_iter().flatten().min() {
+                Some(at) => {
                     // At the start of millisecond `at` on the node's clock, not
                     // up to one later (`Clock::now_ms_and_into`). A wake-up a
                     // hair early finds nothing due and sleeps again: the core
@@ -378,14 +403,52 @@ impl FireLoop {
             return;
         }
         for change in applied.changes {
+            self.armed.on_change(&change.key, applied.index);
             self.core.on_change(applied.index, change);
         }
         for d in applied.dispatches {
             // Only this leader's own fires (apply accepts a `Fire` only under the
             // shard's current epoch, so after this leader's epoch entry every one
             // is; the check keeps it so).
-            if d.epoch == self.epoch {
-                self.dispatcher.dispatch(&self.ctx, self.epoch, d.key, d.record);
+            if d.epoch != self.epoch {
+                continue;
+            }
+            match d.record.fire.as_ref().map(|f| (f.phase, f.attempt_started_at_ms)) {
+                // A push attempt: held until its start, and sent past the stamp
+                // fence. That holds for one whose start has passed already: a
+                // `Fire` that armed it may have been applied after its start (a
+                // slow commit), while a cancel stamped before the start is still
+                // on its way and will undo it.
+                Some((tocsin_core::FirePhase::InFlight { .. }, start)) => {
+                    self.armed.hold(d.key, applied.index, start, d.record);
+                }
+                _ => self.dispatcher.dispatch(&self.ctx, self.epoch, d.key, d.record),
+            }
+        }
+    }
+
+    /// Sends the held attempts whose start has come, once the proposer's
+    /// stamps allow (no cancel or reschedule of the timer stamped before the
+    /// start still on its way) and the applied log up to now has been read
+    /// (a cancel that was on its way and is now applied drops the attempt).
+    fn send_armed(&mut self, events: &mut Events) {
+        let now = self.ctx.clock.now_ms();
+        if self.armed.next_ms().is_none_or(|at| at > now) {
+            return;
+        }
+        let ready: Vec<TimerKey> = self
+            .armed
+            .due(now)
+            .into_iter()
+            .filter(|(key, start)| self.ctx.proposer.may_send_armed(key, *start))
+            .map(|(key, _)| key)
+            .collect();
+        while let Some(applied) = events.try_recv() {
+            self.on_applied(applied);
+        }
+        for key in ready {
+            if let Some(record) = self.armed.take(&key) {
+                self.dispatcher.dispatch(&self.ctx, self.epoch, key, record);
             }
         }
     }

@@ -26,7 +26,14 @@
 //! alone.
 //!
 //! Stamps never go backwards: each entry carries at least the time of the
-//! one before it (apply enforces the same over leader changes).
+//! one before it (apply enforces the same over leader changes). They are
+//! handed out by the shard's [`StampFence`], which the fire loop asks
+//! before it sends an armed attempt (`tocsin_core::arm`): from then on no
+//! entry is stamped before the attempt's start, and one already stamped
+//! before it that carries a cancel or reschedule of the timer holds the
+//! attempt back until it is applied. So the fence keeps an entry's cancels
+//! and reschedules until `client_write` itself returns, past the callers'
+//! timeout if need be: an entry whose callers gave up may still be applied.
 //!
 //! **Shedding.** Offered more creates than the shard can commit, a queue
 //! only grows: every command in it, the leader's own fires and attempt
@@ -58,6 +65,8 @@ use std::time::Instant;
 use tocsin_core::Command;
 use tocsin_core::CommandResult;
 use tocsin_core::Proposal;
+use tocsin_core::TimerKey;
+use tocsin_core::arm::StampFence;
 use tocsin_proto::v1 as pb;
 use tocsin_store::NodeAddr;
 use tocsin_store::Raft;
@@ -186,6 +195,7 @@ pub struct Proposer {
     shed_after: Duration,
     shed_fire_behind: Duration,
     backlog: Arc<Backlog>,
+    fence: Arc<std::sync::Mutex<StampFence>>,
     raft: Raft,
     node_id: u64,
 }
@@ -218,16 +228,26 @@ impl Proposer {
         LazyLock::force(&BASE);
         let (tx, rx) = mpsc::channel(limits.queue.max(1));
         let backlog = Arc::new(Backlog::default());
-        runtime.spawn(run(raft.clone(), clock, rx, limits.timeout, backlog.clone()));
+        let fence = Arc::new(std::sync::Mutex::new(StampFence::default()));
+        runtime.spawn(run(raft.clone(), clock, rx, limits.timeout, backlog.clone(), fence.clone()));
         Proposer {
             tx,
             timeout: limits.timeout,
             shed_after: limits.shed_creates_after,
             shed_fire_behind: limits.shed_creates_fire_behind,
             backlog,
+            fence,
             raft,
             node_id,
         }
+    }
+
+    /// Whether the fire loop may send `key`'s armed attempt starting at
+    /// `start_ms`, as far as this shard's stamps go
+    /// ([`StampFence::may_send`]): afterwards nothing is stamped before
+    /// `start_ms`. The loop then reads the applied log before it sends.
+    pub fn may_send_armed(&self, key: &TimerKey, start_ms: u64) -> bool {
+        self.fence.lock().expect("stamp fence").may_send(key, start_ms)
     }
 
     /// How long the command at the head of the queue has been waiting for an
@@ -372,9 +392,15 @@ async fn linger(first: Pending, rx: &mut mpsc::Receiver<Pending>, linger: Durati
     (batch, bytes)
 }
 
-async fn run(raft: Raft, clock: Arc<Clock>, mut rx: mpsc::Receiver<Pending>, timeout: Duration, backlog: Arc<Backlog>) {
+async fn run(
+    raft: Raft,
+    clock: Arc<Clock>,
+    mut rx: mpsc::Receiver<Pending>,
+    timeout: Duration,
+    backlog: Arc<Backlog>,
+    fence: Arc<std::sync::Mutex<StampFence>>,
+) {
     let in_flight = Arc::new(Semaphore::new(MAX_IN_FLIGHT));
-    let mut last_stamp_ms = 0u64;
     while let Some(first) = rx.recv().await {
         // The head waits here for an entry slot: while it does, its age is
         // the queue's delay (see `Backlog`).
@@ -393,8 +419,9 @@ async fn run(raft: Raft, clock: Arc<Clock>, mut rx: mpsc::Receiver<Pending>, tim
         // The next head is the next command received; until then nothing waits.
         backlog.head_submitted_us.store(0, Ordering::Relaxed);
         let raft = raft.clone();
-        let now_ms = clock.now_ms().max(last_stamp_ms);
-        last_stamp_ms = now_ms;
+        let stamped = fence.lock().expect("stamp fence").stamp(clock.now_ms(), batch.iter().map(|p| &p.command));
+        let now_ms = stamped.stamp_ms;
+        let fence = fence.clone();
         // How long the oldest command waited for an entry to carry it.
         let queued = batch[0].submitted.elapsed();
         metrics::histogram!("tocsin_propose_queue_seconds").record(queued.as_secs_f64());
@@ -406,17 +433,30 @@ async fn run(raft: Raft, clock: Arc<Clock>, mut rx: mpsc::Receiver<Pending>, tim
             let writing = std::time::Instant::now();
             // A quiet group's leader lease has usually run out (`quiet.rs`).
             crate::shard::quiet::renew_lease(&raft).await;
-            let result = tokio::time::timeout(timeout, raft.client_write(proposal)).await;
+            let write = raft.client_write(proposal);
+            tokio::pin!(write);
+            let result = tokio::time::timeout(timeout, &mut write).await;
             // Append, replicate to a quorum, commit and apply.
             metrics::histogram!("tocsin_raft_write_seconds").record(writing.elapsed().as_secs_f64());
             drop(permit);
+            let Ok(result) = result else {
+                // The callers hear of the timeout now; the entry may still be
+                // applied, so its cancels stay fenced until openraft answers.
+                for waiter in waiters {
+                    let _ = waiter.send(Err(ProposeError::Timeout));
+                }
+                let _ = write.await;
+                fence.lock().expect("stamp fence").done(stamped);
+                return;
+            };
+            fence.lock().expect("stamp fence").done(stamped);
             // A test can delay the replies, or lose them: the entry is applied
             // either way, and the waiters see a timeout.
             if crate::fault::hit("proposer::reply").await.is_some() {
                 return;
             }
             match result {
-                Ok(Ok(resp)) => {
+                Ok(resp) => {
                     let index = resp.log_id.index;
                     let results = resp.data.results;
                     if results.len() != waiters.len() {
@@ -442,15 +482,10 @@ async fn run(raft: Raft, clock: Arc<Clock>, mut rx: mpsc::Receiver<Pending>, tim
                         let _ = waiter.send(Ok((index, result)));
                     }
                 }
-                Ok(Err(e)) => {
+                Err(e) => {
                     let err = to_propose_error(e);
                     for waiter in waiters {
                         let _ = waiter.send(Err(err.clone()));
-                    }
-                }
-                Err(_) => {
-                    for waiter in waiters {
-                        let _ = waiter.send(Err(ProposeError::Timeout));
                     }
                 }
             }

@@ -3,6 +3,7 @@
 //! binaries), so forwarding, admission, proposer batching and the fire loop
 //! are tested at the crate that implements them.
 
+mod armed;
 mod cluster;
 mod in_process;
 mod quiet;

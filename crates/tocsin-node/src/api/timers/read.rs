@@ -40,6 +40,8 @@ impl TimerApi {
         match self.read_record(&ctx, &key).await? {
             Some(record) => {
                 let cluster_id = ctx.cluster_id().unwrap_or_default();
+                // An armed fire whose time has not come reads as scheduled.
+                let record = record.as_of(ctx.clock.now_ms());
                 let mut timer = json::timer_proto(cluster_id, ctx.shard, &key, &record);
                 if include_attempts {
                     timer.attempts = json::attempts_proto(cluster_id, ctx.shard, &record);
@@ -109,9 +111,12 @@ impl TimerApi {
                     let group = ctx.group;
                     let namespace = req.namespace.clone();
                     let after = after_id.clone();
+                    // Filtered and shown as clients see them: an armed fire whose
+                    // time has not come is scheduled.
+                    let now_ms = ctx.clock.now_ms();
                     let (page, resume) = tokio::task::spawn_blocking(move || {
                         store.list_namespace(group, &namespace, after.as_deref(), want, LIST_SCAN_BUDGET, |r| {
-                            state.is_none_or(|s| json::state_proto(r.state) == s)
+                            state.is_none_or(|s| json::state_proto(r.as_of(now_ms).state) == s)
                                 && dead_reason.is_none_or(|d| r.fire.as_ref().and_then(|f| f.dead_reason) == Some(d))
                                 && r.fire_at_ms >= after_ms
                                 && r.fire_at_ms < before_ms
@@ -121,7 +126,7 @@ impl TimerApi {
                     .map_err(|e| NodeError::Internal(e.to_string()))?
                     .map_err(|e| NodeError::Internal(format!("listing: {e}")))?;
                     let cluster_id = ctx.cluster_id().unwrap_or_default();
-                    timers.extend(page.iter().map(|(k, r)| json::timer_proto(cluster_id, shard, k, r)));
+                    timers.extend(page.iter().map(|(k, r)| json::timer_proto(cluster_id, shard, k, &r.as_of(now_ms))));
                     resume
                 }
                 Err(e) => {

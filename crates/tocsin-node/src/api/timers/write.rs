@@ -56,8 +56,15 @@ impl TimerApi {
         result: CommandResult,
     ) -> Result<pb::CreateTimerResponse, NodeError> {
         match result {
+            // A create that finds its timer armed (`tocsin_core::arm`) shows it
+            // as the scheduled timer it still is.
             CommandResult::Created { record, created } => Ok(pb::CreateTimerResponse {
-                timer: Some(json::timer_proto(ctx.cluster_id().unwrap_or_default(), ctx.shard, key, &record)),
+                timer: Some(json::timer_proto(
+                    ctx.cluster_id().unwrap_or_default(),
+                    ctx.shard,
+                    key,
+                    &record.as_of(ctx.clock.now_ms()),
+                )),
                 created,
             }),
             CommandResult::AlreadyExists { record } if record.state.is_terminal() => {

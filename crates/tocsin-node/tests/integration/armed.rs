@@ -1,0 +1,149 @@
+//! Armed fires (`tocsin_core::arm`) against a commit slower than the lead:
+//! a timer's `Fire` is proposed ahead of its time, the store's writer
+//! stalls (the `store::writer` fault point) so that the `Fire` is applied
+//! only after the timer's time, and a cancel stamped before that time sits
+//! behind it in the log. The cancel answers CANCELLED (the attempt had not
+//! started when it was stamped), so the leader must not have sent it: it
+//! holds even an attempt whose start has passed until no cancel stamped
+//! before the start is on its way, and reads the applied log first.
+//!
+//! In linear phases, repeated until the race was staged (a cancel answered
+//! CANCELLED after the timers' time) at least once: the fault point is
+//! process-wide and this binary's other tests may take the stall.
+
+use std::collections::BTreeMap;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tocsin_proto::v1 as pb;
+
+use crate::cluster::Cluster;
+use crate::cluster::now_ms;
+
+const SHARDS: u32 = 4;
+const TIMERS: usize = 80;
+
+/// A webhook receiver on loopback: every delivery's id and arrival time.
+async fn receiver() -> (String, Arc<Mutex<Vec<(String, u64)>>>) {
+    let seen: Arc<Mutex<Vec<(String, u64)>>> = Arc::default();
+    let log = seen.clone();
+    let app = axum::Router::new().route(
+        "/hook",
+        axum::routing::post(move |body: axum::body::Bytes| {
+            let log = log.clone();
+            async move {
+                let at = now_ms();
+                let json: serde_json::Value = serde_json::from_slice(&body).expect("a JSON delivery");
+                let id = json["id"].as_str().expect("the delivery names its timer").to_string();
+                log.lock().unwrap().push((id, at));
+                "ok"
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, seen)
+}
+
+fn webhook_create(id: &str, fire_at_ms: u64, url: &str) -> pb::CreateTimerRequest {
+    pb::CreateTimerRequest {
+        namespace: "armed".into(),
+        id: id.into(),
+        fire_time: Some(pb::create_timer_request::FireTime::FireAtMs(fire_at_ms)),
+        callback: Some(pb::Callback { target: Some(pb::callback::Target::Webhook(pb::Webhook { url: url.into() })) }),
+        ..Default::default()
+    }
+}
+
+async fn sleep_until_ms(at_ms: u64) {
+    tokio::time::sleep(Duration::from_millis(at_ms.saturating_sub(now_ms()))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_stamped_before_a_late_armed_fire_wins_and_nothing_is_sent() {
+    let cluster = Cluster::start(1, SHARDS, |_, config| {
+        config.firing.arm_ahead_ms = 300;
+        config.firing.arm_step_ms = 50;
+    })
+    .await;
+    let (url, seen) = receiver().await;
+    let client = cluster.timers(0).await;
+    let mut staged = 0usize;
+    for round in 0..3 {
+        // Phase: timers due together, far enough ahead to arm them later.
+        let fire_at = now_ms() + 1_500;
+        let ids: Vec<String> = (0..TIMERS).map(|i| format!("r{round}-{i}")).collect();
+        let timers = ids.iter().map(|id| webhook_create(id, fire_at, &url)).collect();
+        let created =
+            client.clone().create_timers(pb::CreateTimersRequest { timers }).await.expect("creates").into_inner();
+        assert!(
+            created.results.iter().all(|r| matches!(r.result, Some(pb::create_timer_result::Result::Ok(_)))),
+            "{created:?}"
+        );
+
+        // Phase: just before the arming (300-250 ms ahead) the writer stalls
+        // for 600 ms: the `Fire`s are applied only after the timers' time.
+        sleep_until_ms(fire_at - 330).await;
+        fail::cfg("store::writer", "1*return(delay:600)").unwrap();
+
+        // Phase: 100 ms before their time half the timers are cancelled; the
+        // first cancels of each shard are stamped then, and wait behind the
+        // stalled `Fire`s.
+        sleep_until_ms(fire_at - 100).await;
+        let cancels = ids.iter().step_by(2).map(|id| {
+            let mut c = client.clone();
+            let req = pb::CancelTimerRequest { namespace: "armed".into(), id: id.clone() };
+            async move { (c.cancel_timer(req).await.expect("cancel answers").into_inner(), now_ms()) }
+        });
+        let answers = futures::future::join_all(cancels).await;
+        fail::remove("store::writer");
+        let mut cancelled = BTreeSet::new();
+        let mut cancelled_while_firing = BTreeSet::new();
+        for ((resp, acked_at), id) in answers.iter().zip(ids.iter().step_by(2)) {
+            match pb::cancel_timer_response::Outcome::try_from(resp.outcome).unwrap() {
+                pb::cancel_timer_response::Outcome::Cancelled => {
+                    cancelled.insert(id.clone());
+                    if *acked_at > fire_at {
+                        staged += 1;
+                    }
+                }
+                pb::cancel_timer_response::Outcome::CancelledWhileFiring => {
+                    cancelled_while_firing.insert(id.clone());
+                }
+                other => panic!("{id}: cancel answered {other:?}"),
+            }
+        }
+
+        // Phase: every timer not cancelled is delivered, none early; none
+        // whose cancel answered CANCELLED ever is.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+        let must: BTreeSet<&String> = ids.iter().skip(1).step_by(2).collect();
+        loop {
+            let got: BTreeMap<String, u64> = seen.lock().unwrap().iter().cloned().collect();
+            if must.iter().all(|id| got.contains_key(*id)) {
+                break;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "round {round}: not every live timer was delivered");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // Give a wrongly sent attempt time to arrive.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        for (id, at) in seen.lock().unwrap().iter().filter(|(id, _)| id.starts_with(&format!("r{round}-"))) {
+            assert!(*at + 5 >= fire_at, "{id} delivered {} ms early", fire_at - at);
+            assert!(!cancelled.contains(id), "{id} was delivered although its cancel answered CANCELLED");
+        }
+        eprintln!(
+            "round {round}: {} cancelled, {} cancelled while firing, {staged} staged so far",
+            cancelled.len(),
+            cancelled_while_firing.len()
+        );
+        if staged > 0 {
+            break;
+        }
+    }
+    assert!(staged > 0, "the race was never staged: no cancel answered CANCELLED after the timers' time");
+    cluster.shutdown().await;
+}
