@@ -7,6 +7,8 @@
 //! - **I2** no accepted delivery of a timer after its cancel was
 //!   acknowledged, unless the attempt started before the cancel's log index
 //!   and arrived within the lease (plus an epsilon) of the acknowledgement;
+//!   and none at all of a timer whose cancel answered `CANCELLED` (it had
+//!   not fired: an armed fire whose time had not come was undone);
 //! - **I4** the receiver accepts no delivery whose epoch is below one it
 //!   accepted before; and epochs order attempts as the log does (a higher
 //!   epoch's attempt has a higher log index, at or after its epoch entry);
@@ -51,6 +53,7 @@ pub fn check(out: &RunOutput) -> Report {
     let mut acked: BTreeSet<TimerKey> = BTreeSet::new();
     let mut cancel_excludes: BTreeSet<TimerKey> = BTreeSet::new();
     let mut cancels_ok: BTreeMap<TimerKey, (u64, u64)> = BTreeMap::new();
+    let mut cancelled_unfired: BTreeMap<TimerKey, (u64, u64)> = BTreeMap::new();
     let mut fire_times: BTreeMap<TimerKey, BTreeSet<u64>> = BTreeMap::new();
     for rec in &h.ops {
         match &rec.op.kind {
@@ -77,6 +80,9 @@ pub fn check(out: &RunOutput) -> Report {
                 {
                     cancel_excludes.insert(rec.op.key.clone());
                     cancels_ok.insert(rec.op.key.clone(), (*index, rec.ack_ms));
+                    if matches!(**result, CommandResult::Cancelled { .. }) {
+                        cancelled_unfired.insert(rec.op.key.clone(), (*index, rec.ack_ms));
+                    }
                 }
                 OpOutcome::Applied { result, .. }
                     if !rec.any_unknown
@@ -132,6 +138,20 @@ pub fn check(out: &RunOutput) -> Report {
                 d.channel
             ));
         }
+    }
+
+    for d in &accepted {
+        let Some((cancel_index, ack_ms)) = cancelled_unfired.get(&d.delivery.key) else { continue };
+        r.violations.push(format!(
+            "I2 fired after a cancel that said it had not: {} cancel answered CANCELLED at index {cancel_index}, \
+             acknowledged at +{} ms; delivery (attempt index {}, epoch {}, from n{}) received at +{} ms",
+            d.delivery.key,
+            ack_ms - BASE_MS,
+            d.delivery.attempt_index,
+            d.delivery.epoch,
+            d.delivery.from,
+            d.recv_ms - BASE_MS,
+        ));
     }
 
     // I4: the receiver's acceptances in arrival order, then the epochs against

@@ -30,6 +30,8 @@ use tocsin_core::DuePos;
 use tocsin_core::FirePhase;
 use tocsin_core::TimerKey;
 use tocsin_core::TimerRecord;
+use tocsin_core::arm::Armed;
+use tocsin_core::arm::StampFence;
 use tocsin_core::command::AttemptOutcome;
 use tocsin_core::command::SkipReason;
 use tocsin_core::fire::Action;
@@ -65,6 +67,10 @@ const QUORUM_LOST_MS: u64 = 1_000;
 const RECORD_MARGIN_MS: u64 = 200;
 const MIN_REQUEST_MS: u64 = 50;
 const FIRE_BATCH: usize = 64;
+/// Push timers' first fires are armed this far ahead, in steps of
+/// `ARM_STEP_MS` (the node's defaults).
+const ARM_AHEAD_MS: u64 = 300;
+const ARM_STEP_MS: u64 = 50;
 const MAX_FIRE_BATCHES_IN_FLIGHT: usize = 4;
 /// How long a proposal may take before its outcome counts as unknown.
 const PROPOSE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -88,7 +94,9 @@ pub struct Node {
     events: EventSink,
     /// The epoch this node fires under, while its leader loop runs.
     leading: Mutex<Option<u64>>,
-    last_stamp_ms: Mutex<u64>,
+    /// The stamps, as `proposer.rs` hands them out: never backwards, and
+    /// fenced for armed attempts (`tocsin_core::arm`).
+    fence: Arc<Mutex<StampFence>>,
     pull: Mutex<PullQueue>,
     /// splitmix64 state for backoff jitter.
     rng: Mutex<u64>,
@@ -150,7 +158,7 @@ pub async fn run(shared: Arc<Shared>, id: u64, incarnation: u64) -> turmoil::Res
         durable,
         events,
         leading: Mutex::new(None),
-        last_stamp_ms: Mutex::new(0),
+        fence: Arc::default(),
         pull: Mutex::default(),
         rng: Mutex::new(shared.seed ^ (id << 32) ^ incarnation.wrapping_mul(0x9e37_79b9_7f4a_7c15)),
         generation: Mutex::new(0),
@@ -181,13 +189,6 @@ impl Node {
         // time it was polled with (the simulation found it asserting on a
         // backward step before it did).
         self.now_ms() + self.shared.knobs.early_ms
-    }
-
-    /// The time stamped into the next entry: never behind the last one.
-    fn stamp(&self) -> u64 {
-        let mut last = self.last_stamp_ms.lock().unwrap();
-        *last = (*last).max(self.fire_clock_ms());
-        *last
     }
 
     fn jitter(&self) -> f64 {
@@ -224,8 +225,25 @@ impl Node {
     }
 
     async fn propose(&self, commands: Vec<Command>) -> Result<(u64, Vec<CommandResult>), ProposeError> {
-        let proposal = tocsin_core::Proposal { now_ms: self.stamp(), commands: commands.into() };
-        match tokio::time::timeout(PROPOSE_TIMEOUT, self.raft.client_write(proposal)).await {
+        // Stamped never behind the last entry nor the fence's floor; the
+        // entry's cancels stay fenced until openraft answers, past the
+        // caller's timeout if need be (as `proposer.rs`).
+        let stamped = self.fence.lock().unwrap().stamp(self.fire_clock_ms(), commands.iter());
+        let proposal = tocsin_core::Proposal { now_ms: stamped.stamp_ms, commands: commands.into() };
+        let raft = self.raft.clone();
+        let mut write = Box::pin(async move { raft.client_write(proposal).await });
+        let result = tokio::time::timeout(PROPOSE_TIMEOUT, &mut write).await;
+        match &result {
+            Ok(_) => self.fence.lock().unwrap().done(stamped),
+            Err(_) => {
+                let fence = self.fence.clone();
+                crate::types::spawn(async move {
+                    let _ = write.await;
+                    fence.lock().unwrap().done(stamped);
+                });
+            }
+        }
+        match result {
             Ok(Ok(resp)) => Ok((resp.log_id.index(), resp.data.results)),
             Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
                 Err(ProposeError::NotLeader(f.leader_id))
@@ -568,13 +586,16 @@ async fn lead(node: Arc<Node>) {
         retries_per_namespace_per_sec: 0,
         catch_up_after_ms: 0,
         catch_up_per_namespace_per_sec: 0,
+        arm_ahead_ms: ARM_AHEAD_MS,
+        arm_step_ms: ARM_STEP_MS,
     };
     let mut core = FireCore::new(config, epoch, node.fire_clock_ms());
+    let mut armed: Armed<TimerRecord> = Armed::default();
     let (io_tx, mut io_rx) = tokio::sync::mpsc::unbounded_channel::<Vec<(TimerKey, u64, FireOutcome)>>();
     let mut in_flight = 0usize;
     loop {
         while let Ok(applied) = events.try_recv() {
-            on_applied(&node, &mut core, epoch, applied);
+            on_applied(&node, &mut core, &mut armed, epoch, applied);
         }
         while let Ok(outcomes) = io_rx.try_recv() {
             in_flight -= 1;
@@ -582,6 +603,7 @@ async fn lead(node: Arc<Node>) {
                 return;
             }
         }
+        send_armed(&node, &mut core, &mut armed, epoch, &mut events);
         let now = node.fire_clock_ms();
         let budget = MAX_FIRE_BATCHES_IN_FLIGHT.saturating_sub(in_flight) * FIRE_BATCH;
         for action in core.poll(now, budget, FIRE_BATCH) {
@@ -649,14 +671,15 @@ async fn lead(node: Arc<Node>) {
             }
         }
         let now = node.fire_clock_ms();
-        let wake_ms = match core.next_wake_ms() {
-            Some(at) if in_flight < MAX_FIRE_BATCHES_IN_FLIGHT => at.saturating_sub(now).clamp(1, 100),
+        let core_wake = core.next_wake_ms().filter(|_| in_flight < MAX_FIRE_BATCHES_IN_FLIGHT);
+        let wake_ms = match [core_wake, armed.next_ms()].into_iter().flatten().min() {
+            Some(at) => at.saturating_sub(now).clamp(1, 100),
             _ => 100,
         };
         tokio::select! {
             biased;
             applied = events.recv() => match applied {
-                Some(applied) => on_applied(&node, &mut core, epoch, applied),
+                Some(applied) => on_applied(&node, &mut core, &mut armed, epoch, applied),
                 None => return,
             },
             outcomes = io_rx.recv() => {
@@ -688,12 +711,46 @@ fn on_outcomes(node: &Arc<Node>, core: &mut FireCore, outcomes: Vec<(TimerKey, u
     true
 }
 
-fn on_applied(node: &Arc<Node>, core: &mut FireCore, epoch: u64, applied: Applied) {
+/// As the node's `leader.rs`: the held armed attempts whose start has come
+/// are sent once the stamp fence allows and the applied log up to now has
+/// been read (the `arm_unfenced` mutation sends them at their start, blind).
+fn send_armed(
+    node: &Arc<Node>,
+    core: &mut FireCore,
+    armed: &mut Armed<TimerRecord>,
+    epoch: u64,
+    events: &mut tokio::sync::mpsc::UnboundedReceiver<Applied>,
+) {
+    let now = node.fire_clock_ms();
+    let blind = node.shared.knobs.arm_unfenced;
+    let ready: Vec<TimerKey> = armed
+        .due(now)
+        .into_iter()
+        .filter(|(key, start)| blind || node.fence.lock().unwrap().may_send(key, *start))
+        .map(|(key, _)| key)
+        .collect();
+    if !blind {
+        while let Ok(applied) = events.try_recv() {
+            on_applied(node, core, armed, epoch, applied);
+        }
+    }
+    for key in ready {
+        if let Some(record) = armed.take(&key) {
+            trace(&key, || format!("n{} epoch {epoch} sends its armed attempt at {now}", node.id));
+            crate::types::spawn(node.clone().deliver_webhook(epoch, key, record));
+        }
+    }
+}
+
+fn on_applied(node: &Arc<Node>, core: &mut FireCore, armed: &mut Armed<TimerRecord>, epoch: u64, applied: Applied) {
     if applied.index <= epoch {
         return;
     }
     for change in applied.changes {
         trace(&change.key, || format!("n{} epoch {epoch} change at {}: {:?}", node.id, applied.index, change.due));
+        if !node.shared.knobs.arm_unfenced {
+            armed.on_change(&change.key, applied.index);
+        }
         core.on_change(applied.index, change);
     }
     for d in applied.dispatches {
@@ -701,11 +758,14 @@ fn on_applied(node: &Arc<Node>, core: &mut FireCore, epoch: u64, applied: Applie
         if d.epoch != epoch {
             continue;
         }
-        match (&d.record.callback, d.record.fire.as_ref().map(|f| f.phase)) {
-            (Callback::Webhook { .. }, Some(FirePhase::InFlight { .. })) => {
-                crate::types::spawn(node.clone().deliver_webhook(epoch, d.key, d.record));
+        match (&d.record.callback, d.record.fire.as_ref().map(|f| (f.phase, f.attempt_started_at_ms))) {
+            // Every webhook attempt goes past the stamp fence, a due one too
+            // (an armed `Fire` applied after its start, a cancel stamped before
+            // it still on its way), as the node's `leader.rs` does.
+            (Callback::Webhook { .. }, Some((FirePhase::InFlight { .. }, start))) => {
+                armed.hold(d.key, applied.index, start, d.record);
             }
-            (Callback::Pull { .. }, Some(FirePhase::Ready { .. })) => node.offer(d.key, &d.record),
+            (Callback::Pull { .. }, Some((FirePhase::Ready { .. }, _))) => node.offer(d.key, &d.record),
             _ => {}
         }
     }

@@ -51,6 +51,10 @@ pub struct Knobs {
     /// The leader never starts a second attempt (no re-offer after a
     /// deadline, a backoff or a lapsed reservation).
     pub no_redelivery: bool,
+    /// The leader sends an armed attempt at its start without asking the
+    /// stamp fence or reading the applied log since it was armed (so a
+    /// cancel applied meanwhile does not stop it).
+    pub arm_unfenced: bool,
 }
 
 #[derive(Clone, Debug)]

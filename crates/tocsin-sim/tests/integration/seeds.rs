@@ -89,3 +89,16 @@ fn checker_catches_early_fires() {
     eprintln!("early_ms: {found:?}");
     assert!(found.is_some(), "no seed reported I6 with the fire clock 1.5 s ahead");
 }
+
+/// Mutation: a leader that sends an armed attempt at its start without
+/// asking the stamp fence or reading the applied log since it armed it
+/// sends timers whose cancel answered CANCELLED; the checker must say so.
+#[test]
+fn checker_catches_an_armed_attempt_sent_after_its_cancel() {
+    let found = (0..30).find_map(|seed| {
+        let r = run_seed(seed, Knobs { arm_unfenced: true, ..Knobs::default() });
+        r.report.violations.into_iter().find(|v| v.starts_with("I2 fired after a cancel that said")).map(|v| (seed, v))
+    });
+    eprintln!("arm_unfenced: {found:?}");
+    assert!(found.is_some(), "no seed reported I2 with armed attempts sent blind");
+}
