@@ -339,10 +339,15 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
                 if let Some(c) = cancel.get(id)
                     && cancel_took_effect(&c.outcome)
                 {
-                    let in_flight = deliveries
-                        .iter()
-                        .filter(|x| x.id == *id && x.verdict == Verdict::Accepted)
-                        .all(|x| x.attempt_index != 0 && x.attempt_index <= c.applied_index);
+                    // CANCELLED says the timer had not fired (an armed fire whose
+                    // time had not come was undone): no delivery is excused. The
+                    // other answers excuse an attempt started no later than the
+                    // cancel's entry.
+                    let in_flight = c.outcome != "cancelled"
+                        && deliveries
+                            .iter()
+                            .filter(|x| x.id == *id && x.verdict == Verdict::Accepted)
+                            .all(|x| x.attempt_index != 0 && x.attempt_index <= c.applied_index);
                     if in_flight {
                         report.cancelled_in_flight_excused += 1;
                     } else {
@@ -552,6 +557,25 @@ mod tests {
             ],
         );
         assert_eq!((r.cancelled_in_flight_excused, r.cancelled_then_delivered), (1, 1));
+    }
+
+    /// A cancel that answered CANCELLED found the timer unfired (an armed
+    /// fire whose time had not come is undone by it): a delivery of it is a
+    /// violation whatever its attempt's index, an armed attempt's being
+    /// below the cancel's.
+    #[test]
+    fn a_timer_whose_cancel_answered_cancelled_is_never_delivered() {
+        let r = check_lines(
+            "i2-cancelled",
+            &[
+                r#"{"op":"create","id":"a","fire_at_ms":1000,"invoke_ms":0,"complete_ms":1,"outcome":"ok","created_at_ms":1}"#,
+                r#"{"op":"cancel","id":"a","invoke_ms":900,"complete_ms":910,"outcome":"cancelled","applied_index":9}"#,
+            ],
+            &[
+                r#"{"recv_ms":1005,"verdict":"accepted","id":"a","shard":0,"epoch":1,"fire_id":"f1","attempt_index":8,"fire_at_ms":1000}"#,
+            ],
+        );
+        assert_eq!((r.cancelled_in_flight_excused, r.cancelled_then_delivered), (0, 1));
     }
 
     #[test]
