@@ -49,8 +49,18 @@ use crate::keys;
 /// node saw of it, a pull callback its own time-to-run, and `Redrive`; a
 /// timer its late-fire policy (`skip_if_late_ms`, state `SKIPPED`), and the
 /// cluster map its paused namespaces and endpoints. 7: a create spec and a
-/// timer carry a recurrence (a recurring timer's rule and series).
-pub const STORE_FORMAT: u32 = 7;
+/// timer carry a recurrence (a recurring timer's rule and series). 8: the
+/// apply rules arm a push timer's first fire (`tocsin_core::arm`): a
+/// `FIRING` record may hold an attempt that starts in the future, which a
+/// build of format 7 would send at once after a leader change. The bytes
+/// are format 7's, so a format-7 directory is opened and marked 8
+/// ([`UPGRADES_FROM`]); a format-8 one is refused by a format-7 build.
+pub const STORE_FORMAT: u32 = 8;
+
+/// The older format this build opens as it is, marking it [`STORE_FORMAT`]:
+/// format 8 changed what the apply rules write, not how anything is
+/// encoded.
+pub const UPGRADES_FROM: u32 = 7;
 
 /// Most write requests queued for the writer before senders wait.
 const WRITE_QUEUE_DEPTH: usize = 1024;
@@ -340,6 +350,13 @@ fn check_format(db: &DB, path: &Path) -> io::Result<()> {
     let format_key = keys::tag_key(keys::NODE_GROUP, keys::raft_meta::FORMAT);
     match db.get_cf(meta, format_key).map_err(to_io)? {
         Some(v) if v.as_slice() == STORE_FORMAT.to_be_bytes() => Ok(()),
+        Some(v) if v.as_slice() == UPGRADES_FROM.to_be_bytes() => {
+            tracing::info!(path = %path.display(), from = UPGRADES_FROM, to = STORE_FORMAT, "marking the store's format");
+            let mut batch = WriteBatch::default();
+            batch.put_cf(meta, format_key, STORE_FORMAT.to_be_bytes());
+            db.write(batch).map_err(to_io)?;
+            db.flush_wal(true).map_err(to_io)
+        }
         found => {
             let hosted = db.get_cf(meta, keys::tag_key(keys::NODE_GROUP, keys::raft_meta::HOSTED)).map_err(to_io)?;
             if found.is_some() || hosted.is_some() {
@@ -349,8 +366,9 @@ fn check_format(db: &DB, path: &Path) -> io::Result<()> {
                 return Err(io::Error::new(
                     io::ErrorKind::InvalidData,
                     format!(
-                        "{} holds store format {version}; this build reads format {STORE_FORMAT} only \
-                         (see docs/storage.md): start it on an empty data directory",
+                        "{} holds store format {version}; this build reads format {STORE_FORMAT} (and \
+                         {UPGRADES_FROM}, which it marks {STORE_FORMAT}) only (see docs/storage.md): start it \
+                         on an empty data directory",
                         path.display()
                     ),
                 ));

@@ -142,3 +142,39 @@ async fn interrupted_install_completes_on_reopen() {
     assert_eq!(store.scan_due(2, 0, u64::MAX, 1000).unwrap(), store.scan_due(1, 0, u64::MAX, 1000).unwrap());
     assert_eq!(support::applied(&mut sm).await, support::applied(&mut source).await);
 }
+
+/// A data directory carries its store format: a format-7 directory (the
+/// same bytes, before armed fires) is opened and marked 8, so a format-7
+/// build no longer opens it; any other format is refused, naming both.
+#[test]
+fn a_format_7_directory_is_marked_8_and_another_format_is_refused() {
+    use tocsin_store::db::STORE_FORMAT;
+    use tocsin_store::db::UPGRADES_FROM;
+    let format_key = keys::tag_key(keys::NODE_GROUP, keys::raft_meta::FORMAT);
+    let set_format = |store: &tocsin_store::Store, format: u32| {
+        let mut batch = WriteBatch::default();
+        batch.put_cf(store.cf(keys::CF_RAFT_META), &format_key, format.to_be_bytes());
+        store.db().write(batch).unwrap();
+        store.db().flush_wal(true).unwrap();
+    };
+    let stored = |store: &tocsin_store::Store| {
+        let v = store.db().get_cf(store.cf(keys::CF_RAFT_META), &format_key).unwrap().expect("a format");
+        u32::from_be_bytes(v.as_slice().try_into().unwrap())
+    };
+    let (dir, store) = support::open_store();
+    assert_eq!(stored(&store), STORE_FORMAT);
+    set_format(&store, UPGRADES_FROM);
+    drop(store);
+
+    // Phase: reopened, the format-7 directory is marked 8.
+    let config = tocsin_store::StoreConfig::new(dir.path());
+    let store = tocsin_store::Store::open(&config).expect("a format-7 directory opens");
+    assert_eq!(stored(&store), STORE_FORMAT);
+
+    // Phase: an older format is refused, naming it and this build's.
+    set_format(&store, UPGRADES_FROM - 1);
+    drop(store);
+    let err = tocsin_store::Store::open(&config).expect_err("format 6 is refused");
+    let message = err.to_string();
+    assert!(message.contains("store format 6") && message.contains(&format!("format {STORE_FORMAT}")), "{message}");
+}
