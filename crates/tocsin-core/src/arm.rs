@@ -24,6 +24,13 @@
 //!   waits until it is applied, and the applied log then says whether the
 //!   attempt still stands.
 //!
+//! An entry openraft answers with an error (the node lost its leadership
+//! on the way) has an unknown fate: the next leader may still commit it,
+//! and apply it before that leader's epoch entry, under this leader's
+//! epoch. So once one entry of a leadership is lost that way
+//! ([`StampFence::lost`]), the fence lets no armed attempt of that
+//! leadership go ([`StampFence::new_leadership`] starts the next one).
+//!
 //! [`Armed`] is what the leader holds meanwhile: each armed attempt until
 //! its start, dropped as soon as the applied log moves the timer again.
 //! [`arm_at`] is when the fire loop hands a timer over to be armed.
@@ -77,6 +84,11 @@ pub struct StampFence {
     /// For each timer, the stamps of the entries on their way that carry a
     /// command that can undo its armed fire.
     in_flight: HashMap<TimerKey, Vec<u64>>,
+    /// Counts the leaderships of this shard on this node.
+    leadership: u64,
+    /// An entry of the current leadership carrying a cancel or reschedule
+    /// had an unknown fate: nothing armed may be sent until the next one.
+    blind: bool,
 }
 
 /// What [`StampFence::stamp`] registered, to hand back to
@@ -86,6 +98,7 @@ pub struct StampFence {
 pub struct Stamped {
     pub stamp_ms: u64,
     keys: Vec<TimerKey>,
+    leadership: u64,
 }
 
 impl StampFence {
@@ -99,7 +112,28 @@ impl StampFence {
         for key in &keys {
             self.in_flight.entry(key.clone()).or_default().push(stamp_ms);
         }
-        Stamped { stamp_ms, keys }
+        Stamped { stamp_ms, keys, leadership: self.leadership }
+    }
+
+    /// The entry `stamped` was for failed with its fate unknown (openraft
+    /// answered with an error: the leadership was lost on the way, and the
+    /// next leader may commit it). If it could undo an armed attempt and
+    /// belongs to the current leadership, no armed attempt is sent until
+    /// [`new_leadership`](Self::new_leadership).
+    pub fn lost(&mut self, stamped: Stamped) {
+        if !stamped.keys.is_empty() && stamped.leadership == self.leadership {
+            self.blind = true;
+        }
+        self.done(stamped);
+    }
+
+    /// This node leads the shard again (a new leader task, whose own epoch
+    /// entry follows every entry stamped before it in the log): what was
+    /// lost before no longer matters, since it is applied, or truncated,
+    /// before anything the new leadership arms.
+    pub fn new_leadership(&mut self) {
+        self.leadership += 1;
+        self.blind = false;
     }
 
     /// The entry `stamped` was for is applied, or will never be.
@@ -124,7 +158,7 @@ impl StampFence {
     /// then, and says whether the attempt still stands).
     pub fn may_send(&mut self, key: &TimerKey, start_ms: u64) -> bool {
         self.floor_ms = self.floor_ms.max(start_ms);
-        !self.in_flight.get(key).is_some_and(|stamps| stamps.iter().any(|&s| s < start_ms))
+        !self.blind && !self.in_flight.get(key).is_some_and(|stamps| stamps.iter().any(|&s| s < start_ms))
     }
 
     /// Entries on their way that carry a cancel or reschedule.
@@ -277,6 +311,32 @@ mod tests {
         assert!(!fence.may_send(&key("x"), 2_001));
         fence.done(second);
         assert!(fence.may_send(&key("x"), 2_001));
+    }
+
+    #[test]
+    fn a_lost_cancel_of_this_leadership_holds_every_attempt_until_the_next_one() {
+        let mut fence = StampFence::default();
+        let cancel = Command::Cancel { key: key("x") };
+        let epoch = Command::LeaderEpoch { leader: 1 };
+        // Lost with nothing in it that undoes an arm: nothing changes.
+        let plain = fence.stamp(1_000, [&epoch]);
+        fence.lost(plain);
+        assert!(fence.may_send(&key("y"), 1_001));
+        // A lost cancel: the next leader may commit it under this epoch, so
+        // no armed attempt of this leadership goes, whatever its timer.
+        let stamped = fence.stamp(1_000, [&cancel]);
+        fence.lost(stamped);
+        assert_eq!(fence.undoing_in_flight(), 0);
+        assert!(!fence.may_send(&key("x"), 1_001));
+        assert!(!fence.may_send(&key("y"), 5_000), "another timer's too");
+        fence.new_leadership();
+        assert!(fence.may_send(&key("y"), 5_000));
+        // An entry of the leadership before, lost after the next began, is
+        // applied or truncated before anything the new one arms.
+        let old = fence.stamp(6_000, [&cancel]);
+        fence.new_leadership();
+        fence.lost(old);
+        assert!(fence.may_send(&key("x"), 7_000));
     }
 
     #[test]

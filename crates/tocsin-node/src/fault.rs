@@ -20,6 +20,8 @@
 //! The points, by name: `proposer::reply` (every reply of one entry),
 //! `leader::fire_reply` (the `Fire` outcomes of one batch),
 //! `webhook::record_outcome` (one attempt-outcome proposal),
+//! `events::lose` (one applied entry that dispatched nothing, lost to its
+//! shard leader's fire loop as a full queue loses it),
 //! `pull::reserve_stream` (a consumer's stream, after each message),
 //! `raft::to::<node id>` (one Raft RPC to that node), `raft::from::<node
 //! id>` (one Raft message that node sends, `LIVENESS` included: armed for

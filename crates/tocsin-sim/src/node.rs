@@ -233,13 +233,17 @@ impl Node {
         let raft = self.raft.clone();
         let mut write = Box::pin(async move { raft.client_write(proposal).await });
         let result = tokio::time::timeout(PROPOSE_TIMEOUT, &mut write).await;
+        // An error from openraft leaves the entry's fate unknown (the next
+        // leader may commit it): `StampFence::lost`, as `proposer.rs`.
         match &result {
-            Ok(_) => self.fence.lock().unwrap().done(stamped),
+            Ok(Ok(_)) => self.fence.lock().unwrap().done(stamped),
+            Ok(Err(_)) => self.fence.lock().unwrap().lost(stamped),
             Err(_) => {
                 let fence = self.fence.clone();
                 crate::types::spawn(async move {
-                    let _ = write.await;
-                    fence.lock().unwrap().done(stamped);
+                    let applied = write.await.is_ok();
+                    let mut fence = fence.lock().unwrap();
+                    if applied { fence.done(stamped) } else { fence.lost(stamped) }
                 });
             }
         }
@@ -561,6 +565,7 @@ async fn lead(node: Arc<Node>) {
     *node.events.lock().unwrap() = Some(tx);
     *node.leading.lock().unwrap() = None;
     let _guard = Guard(node.clone(), generation);
+    node.fence.lock().unwrap().new_leadership();
     let mut epoch = None;
     for _ in 0..20 {
         match node.propose(vec![Command::LeaderEpoch { leader: node.id }]).await {

@@ -14,6 +14,7 @@
 //! that was lost that way is redelivered at its attempt's deadline. Nothing
 //! depends on an event arriving, only on how soon.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::AtomicBool;
@@ -126,6 +127,12 @@ impl EventSink {
         self.overflowed.store(true, Ordering::SeqCst);
     }
 
+    /// Whether anything was lost since the last [`take_overflow`](Self::take_overflow),
+    /// leaving the flag as it is.
+    pub fn overflowed(&self) -> bool {
+        self.overflowed.load(Ordering::SeqCst)
+    }
+
     /// Whether anything was lost since the last call (and clears the flag).
     pub fn take_overflow(&self) -> bool {
         self.overflowed.swap(false, Ordering::SeqCst)
@@ -142,12 +149,22 @@ impl ApplyObserver for EventSink {
             for (command, result) in entry.commands.iter().zip(entry.results) {
                 counts.add(command, result);
             }
+            // A cancel or reschedule after a `Fire` in the same entry undid the
+            // attempt that `Fire` dispatched (an armed one, answered CANCELLED
+            // or RESCHEDULED): its dispatch no longer stands, and the entry's
+            // index changes, one set for the whole entry, cannot say so.
+            let undone = last_undo(entry.commands.iter().zip(entry.results).map(|(command, result)| {
+                (command, matches!(result, CommandResult::Cancelled { .. } | CommandResult::Rescheduled { .. }))
+            }));
             let dispatches: Vec<Dispatched> = entry
                 .commands
                 .iter()
                 .zip(entry.results)
-                .filter_map(|(command, result)| match (command, result) {
-                    (Command::Fire { key, epoch, .. }, CommandResult::Dispatch { record }) => {
+                .enumerate()
+                .filter_map(|(at, (command, result))| match (command, result) {
+                    (Command::Fire { key, epoch, .. }, CommandResult::Dispatch { record })
+                        if undone.get(key).is_none_or(|&undo| undo < at) =>
+                    {
                         Some(Dispatched { key: key.clone(), record: record.clone(), epoch: *epoch })
                     }
                     _ => None,
@@ -156,10 +173,16 @@ impl ApplyObserver for EventSink {
             if entry.changes.is_empty() && dispatches.is_empty() {
                 continue;
             }
+            // A test can lose an entry that dispatched nothing (a cancel's, say)
+            // as a full queue would: the `events::lose` fault point.
+            let lose = dispatches.is_empty() && crate::fault::check_now("events::lose").is_err();
             let applied = Applied { index: entry.index, changes: entry.changes.to_vec(), dispatches };
             let weight = applied.weight();
-            if attached.queued.fetch_add(weight, Ordering::SeqCst) + weight > EVENT_QUEUE {
+            let full = !lose && attached.queued.fetch_add(weight, Ordering::SeqCst) + weight > EVENT_QUEUE;
+            if full {
                 attached.queued.fetch_sub(weight, Ordering::SeqCst);
+            }
+            if lose || full {
                 self.overflowed.store(true, Ordering::SeqCst);
                 metrics::counter!("tocsin_wheel_event_overflows_total").increment(1);
                 continue;
@@ -170,6 +193,19 @@ impl ApplyObserver for EventSink {
         }
         counts.flush();
     }
+}
+
+/// For each timer whose armed attempt a command of one entry undid (a
+/// cancel or reschedule, `true` beside it when it answered `Cancelled` or
+/// `Rescheduled`), the position of the last such command.
+fn last_undo<'a>(steps: impl Iterator<Item = (&'a Command, bool)>) -> HashMap<&'a TimerKey, usize> {
+    let mut undone = HashMap::new();
+    for (at, (command, undid)) in steps.enumerate() {
+        if let (Some(key), true) = (tocsin_core::arm::undoes_arm(command), undid) {
+            undone.insert(key, at);
+        }
+    }
+    undone
 }
 
 #[cfg(test)]
@@ -200,6 +236,23 @@ mod tests {
         sink.detach(new.generation);
         sink.applied(&[AppliedEntry { index: 8, commands: &[], results: &[], changes: &changes }]);
         assert!(new.try_recv().is_none());
+    }
+
+    /// A `Fire` and, after it in the same entry, a cancel that undid its
+    /// armed attempt: the dispatch must not stand. One before it, or one
+    /// that undid nothing, leaves it.
+    #[test]
+    fn an_undo_later_in_the_entry_is_found_and_one_earlier_is_not_later() {
+        let a = TimerKey::new("ns", "a");
+        let b = TimerKey::new("ns", "b");
+        let fire = |key: &TimerKey| Command::Fire { key: key.clone(), due_ms: 5, epoch: 1, timeout_ms: 10 };
+        let cancel = |key: &TimerKey| Command::Cancel { key: key.clone() };
+        let steps = [(fire(&a), false), (cancel(&b), true), (cancel(&a), true), (fire(&b), false)];
+        let undone = last_undo(steps.iter().map(|(c, u)| (c, *u)));
+        assert_eq!(undone.get(&a), Some(&2), "a's cancel comes after its Fire (at 0)");
+        assert_eq!(undone.get(&b), Some(&1), "b's cancel comes before its Fire (at 3)");
+        let steps = [(fire(&a), false), (cancel(&a), false)];
+        assert!(last_undo(steps.iter().map(|(c, u)| (c, *u))).is_empty(), "a cancel that undid nothing");
     }
 
     #[tokio::test]

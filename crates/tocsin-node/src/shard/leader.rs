@@ -161,6 +161,9 @@ async fn run(ctx: Arc<ShardCtx>, dispatcher: Arc<Dispatcher>) {
     let events = ctx.events.attach();
     let _guard = Guard { ctx: ctx.clone(), generation: events.generation };
     tracing::info!(shard = ctx.shard, "elected; committing a leader epoch");
+    // Before the epoch entry is proposed: what this node stamped before is
+    // applied (or truncated) ahead of that entry (`StampFence`).
+    ctx.proposer.new_leadership();
     let Some(epoch) = establish(&ctx).await else { return };
     tracing::info!(shard = ctx.shard, epoch, "leading shard");
     metrics::counter!("tocsin_leader_changes_total", "shard" => ctx.shard.to_string()).increment(1);
@@ -445,6 +448,16 @@ impl FireLoop {
             .collect();
         while let Some(applied) = events.try_recv() {
             self.on_applied(applied);
+        }
+        // An entry whose event was dropped may have been the cancel that
+        // undoes a held attempt, and the rescan that follows a loss comes at
+        // most every RESCAN_EVERY: until it does, nothing held is sent (each
+        // comes due again at its attempt's deadline). The flag is read after
+        // the fence: an entry the fence waited for has been applied, and its
+        // event queued or the flag set, before the fence let go of it.
+        if self.ctx.events.overflowed() {
+            self.armed.clear();
+            return;
         }
         for key in ready {
             if let Some(record) = self.armed.take(&key) {

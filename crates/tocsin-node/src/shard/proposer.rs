@@ -242,6 +242,12 @@ impl Proposer {
         }
     }
 
+    /// A new leader task of this shard starts on this node
+    /// ([`StampFence::new_leadership`]).
+    pub fn new_leadership(&self) {
+        self.fence.lock().expect("stamp fence").new_leadership();
+    }
+
     /// Whether the fire loop may send `key`'s armed attempt starting at
     /// `start_ms`, as far as this shard's stamps go
     /// ([`StampFence::may_send`]): afterwards nothing is stamped before
@@ -445,11 +451,13 @@ async fn run(
                 for waiter in waiters {
                     let _ = waiter.send(Err(ProposeError::Timeout));
                 }
-                let _ = write.await;
-                fence.lock().expect("stamp fence").done(stamped);
+                let result = write.await;
+                settle(&fence, stamped, result.is_ok());
                 return;
             };
-            fence.lock().expect("stamp fence").done(stamped);
+            // An error means the leadership was lost on the way: the entry may
+            // still be committed by the next leader (`StampFence::lost`).
+            settle(&fence, stamped, result.is_ok());
             // A test can delay the replies, or lose them: the entry is applied
             // either way, and the waiters see a timeout.
             if crate::fault::hit("proposer::reply").await.is_some() {
@@ -491,6 +499,13 @@ async fn run(
             }
         });
     }
+}
+
+/// Hands an entry's stamp back to the fence once openraft has answered:
+/// applied, or (an error) of unknown fate.
+fn settle(fence: &std::sync::Mutex<StampFence>, stamped: tocsin_core::arm::Stamped, applied: bool) {
+    let mut fence = fence.lock().expect("stamp fence");
+    if applied { fence.done(stamped) } else { fence.lost(stamped) }
 }
 
 pub(crate) fn to_propose_error(

@@ -147,3 +147,85 @@ async fn a_cancel_stamped_before_a_late_armed_fire_wins_and_nothing_is_sent() {
     assert!(staged > 0, "the race was never staged: no cancel answered CANCELLED after the timers' time");
     cluster.shutdown().await;
 }
+
+/// A held attempt whose cancel's applied entry never reached the fire loop
+/// (its queue was full: the `events::lose` fault point loses it the same
+/// way) is not sent: the loop sends nothing held while events are lost and
+/// not yet read again, and the timers that still stand are delivered at
+/// their attempts' deadline instead.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_cancel_whose_event_the_fire_loop_lost_still_wins() {
+    let cluster = Cluster::start(1, SHARDS, |_, config| {
+        config.firing.arm_ahead_ms = 300;
+        config.firing.arm_step_ms = 50;
+        // A lost event's timers come due again at their attempt's deadline.
+        config.delivery.webhook_timeout_ms = 1_000;
+    })
+    .await;
+    let (url, seen) = receiver().await;
+    let client = cluster.timers(0).await;
+
+    // Phase: timers due together; 150 ms before their time they are armed
+    // (300-250 ms ahead) and held by the leader.
+    let fire_at = now_ms() + 1_500;
+    let ids: Vec<String> = (0..TIMERS).map(|i| format!("lost-{i}")).collect();
+    let timers = ids.iter().map(|id| webhook_create(id, fire_at, &url)).collect();
+    let created = client.clone().create_timers(pb::CreateTimersRequest { timers }).await.expect("creates").into_inner();
+    assert!(
+        created.results.iter().all(|r| matches!(r.result, Some(pb::create_timer_result::Result::Ok(_)))),
+        "{created:?}"
+    );
+
+    // Phase: a first loss, long before the timers' time: the loop reads the
+    // index again at once, and may not again for RESCAN_EVERY (5 s), so the
+    // next loss below is one it has not yet read past.
+    let decoy = webhook_create("lost-decoy", fire_at + 60_000, &url);
+    client.clone().create_timer(decoy).await.expect("decoy create");
+    fail::cfg("events::lose", "return(drop)").unwrap();
+    let req = pb::CancelTimerRequest { namespace: "armed".into(), id: "lost-decoy".into() };
+    client.clone().cancel_timer(req).await.expect("decoy cancel");
+    fail::remove("events::lose");
+    sleep_until_ms(fire_at - 150).await;
+
+    // Phase: half are cancelled while the fire loop hears of no entry that
+    // dispatched nothing: the cancels are applied, and lost to it.
+    fail::cfg("events::lose", "return(drop)").unwrap();
+    let cancels = ids.iter().step_by(2).map(|id| {
+        let mut c = client.clone();
+        let req = pb::CancelTimerRequest { namespace: "armed".into(), id: id.clone() };
+        async move { c.cancel_timer(req).await.expect("cancel answers").into_inner() }
+    });
+    let answers = futures::future::join_all(cancels).await;
+    fail::remove("events::lose");
+    let mut cancelled = BTreeSet::new();
+    for (resp, id) in answers.iter().zip(ids.iter().step_by(2)) {
+        match pb::cancel_timer_response::Outcome::try_from(resp.outcome).unwrap() {
+            pb::cancel_timer_response::Outcome::Cancelled => {
+                cancelled.insert(id.clone());
+            }
+            pb::cancel_timer_response::Outcome::CancelledWhileFiring => {}
+            other => panic!("{id}: cancel answered {other:?}"),
+        }
+    }
+    assert!(!cancelled.is_empty(), "no cancel answered CANCELLED before the timers' time: nothing was staged");
+
+    // Phase: every timer not cancelled is delivered, none early; none whose
+    // cancel answered CANCELLED ever is.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    let must: BTreeSet<&String> = ids.iter().skip(1).step_by(2).collect();
+    loop {
+        let got: BTreeMap<String, u64> = seen.lock().unwrap().iter().cloned().collect();
+        if must.iter().all(|id| got.contains_key(*id)) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not every live timer was delivered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for (id, at) in seen.lock().unwrap().iter() {
+        assert!(*at + 5 >= fire_at, "{id} delivered {} ms early", fire_at - at);
+        assert!(!cancelled.contains(id), "{id} was delivered although its cancel answered CANCELLED");
+    }
+    eprintln!("{} cancelled before their time with their events lost; none delivered", cancelled.len());
+    cluster.shutdown().await;
+}
