@@ -28,8 +28,11 @@
 //! on the way) has an unknown fate: the next leader may still commit it,
 //! and apply it before that leader's epoch entry, under this leader's
 //! epoch. So once one entry of a leadership is lost that way
-//! ([`StampFence::lost`]), the fence lets no armed attempt of that
-//! leadership go ([`StampFence::new_leadership`] starts the next one).
+//! ([`StampFence::lost`]), the fence lets no armed attempt go until an
+//! entry stamped after it is applied (everything before that entry in the
+//! log is applied too, or was never there) or the next leadership starts
+//! ([`StampFence::new_leadership`]). An attempt held meanwhile comes due at
+//! its deadline, whose `Fire` is such an entry: nothing waits for ever.
 //!
 //! [`Armed`] is what the leader holds meanwhile: each armed attempt until
 //! its start, dropped as soon as the applied log moves the timer again.
@@ -86,9 +89,12 @@ pub struct StampFence {
     in_flight: HashMap<TimerKey, Vec<u64>>,
     /// Counts the leaderships of this shard on this node.
     leadership: u64,
-    /// An entry of the current leadership carrying a cancel or reschedule
-    /// had an unknown fate: nothing armed may be sent until the next one.
-    blind: bool,
+    /// Counts the stamps handed out.
+    seq: u64,
+    /// An entry of the current leadership carrying a cancel or reschedule,
+    /// stamped as number `n`, had an unknown fate: nothing armed may be
+    /// sent until an entry stamped after it is applied.
+    blind_after: Option<u64>,
 }
 
 /// What [`StampFence::stamp`] registered, to hand back to
@@ -99,6 +105,7 @@ pub struct Stamped {
     pub stamp_ms: u64,
     keys: Vec<TimerKey>,
     leadership: u64,
+    seq: u64,
 }
 
 impl StampFence {
@@ -112,19 +119,21 @@ impl StampFence {
         for key in &keys {
             self.in_flight.entry(key.clone()).or_default().push(stamp_ms);
         }
-        Stamped { stamp_ms, keys, leadership: self.leadership }
+        self.seq += 1;
+        Stamped { stamp_ms, keys, leadership: self.leadership, seq: self.seq }
     }
 
     /// The entry `stamped` was for failed with its fate unknown (openraft
     /// answered with an error: the leadership was lost on the way, and the
     /// next leader may commit it). If it could undo an armed attempt and
     /// belongs to the current leadership, no armed attempt is sent until
+    /// an entry stamped after it is applied, or
     /// [`new_leadership`](Self::new_leadership).
     pub fn lost(&mut self, stamped: Stamped) {
         if !stamped.keys.is_empty() && stamped.leadership == self.leadership {
-            self.blind = true;
+            self.blind_after = Some(self.blind_after.unwrap_or(0).max(stamped.seq));
         }
-        self.done(stamped);
+        self.release(stamped);
     }
 
     /// This node leads the shard again (a new leader task, whose own epoch
@@ -133,11 +142,18 @@ impl StampFence {
     /// before anything the new leadership arms.
     pub fn new_leadership(&mut self) {
         self.leadership += 1;
-        self.blind = false;
+        self.blind_after = None;
     }
 
     /// The entry `stamped` was for is applied, or will never be.
     pub fn done(&mut self, stamped: Stamped) {
+        if self.blind_after.is_some_and(|lost| stamped.seq > lost) {
+            self.blind_after = None;
+        }
+        self.release(stamped);
+    }
+
+    fn release(&mut self, stamped: Stamped) {
         for key in stamped.keys {
             if let Some(stamps) = self.in_flight.get_mut(&key) {
                 if let Some(at) = stamps.iter().position(|&s| s == stamped.stamp_ms) {
@@ -158,7 +174,8 @@ impl StampFence {
     /// then, and says whether the attempt still stands).
     pub fn may_send(&mut self, key: &TimerKey, start_ms: u64) -> bool {
         self.floor_ms = self.floor_ms.max(start_ms);
-        !self.blind && !self.in_flight.get(key).is_some_and(|stamps| stamps.iter().any(|&s| s < start_ms))
+        self.blind_after.is_none()
+            && !self.in_flight.get(key).is_some_and(|stamps| stamps.iter().any(|&s| s < start_ms))
     }
 
     /// Entries on their way that carry a cancel or reschedule.
@@ -314,7 +331,7 @@ mod tests {
     }
 
     #[test]
-    fn a_lost_cancel_of_this_leadership_holds_every_attempt_until_the_next_one() {
+    fn a_lost_cancel_holds_every_attempt_until_a_later_entry_is_applied_or_a_new_leadership() {
         let mut fence = StampFence::default();
         let cancel = Command::Cancel { key: key("x") };
         let epoch = Command::LeaderEpoch { leader: 1 };
@@ -329,6 +346,15 @@ mod tests {
         assert_eq!(fence.undoing_in_flight(), 0);
         assert!(!fence.may_send(&key("x"), 1_001));
         assert!(!fence.may_send(&key("y"), 5_000), "another timer's too");
+        // Until an entry stamped after it is applied.
+        let later = fence.stamp(1_000, [&epoch]);
+        fence.done(later);
+        assert!(fence.may_send(&key("y"), 5_000), "an entry after the lost one was applied");
+        let earlier = fence.stamp(5_000, [&epoch]);
+        let stamped = fence.stamp(5_000, [&cancel]);
+        fence.lost(stamped);
+        fence.done(earlier);
+        assert!(!fence.may_send(&key("y"), 5_000), "an entry stamped before the lost one says nothing");
         fence.new_leadership();
         assert!(fence.may_send(&key("y"), 5_000));
         // An entry of the leadership before, lost after the next began, is

@@ -153,12 +153,12 @@ fn a_format_7_directory_is_marked_8_and_another_format_is_refused() {
     let format_key = keys::tag_key(keys::NODE_GROUP, keys::raft_meta::FORMAT);
     let set_format = |store: &tocsin_store::Store, format: u32| {
         let mut batch = WriteBatch::default();
-        batch.put_cf(store.cf(keys::CF_RAFT_META), &format_key, format.to_be_bytes());
+        batch.put_cf(store.cf(keys::CF_RAFT_META), format_key, format.to_be_bytes());
         store.db().write(batch).unwrap();
         store.db().flush_wal(true).unwrap();
     };
     let stored = |store: &tocsin_store::Store| {
-        let v = store.db().get_cf(store.cf(keys::CF_RAFT_META), &format_key).unwrap().expect("a format");
+        let v = store.db().get_cf(store.cf(keys::CF_RAFT_META), format_key).unwrap().expect("a format");
         u32::from_be_bytes(v.as_slice().try_into().unwrap())
     };
     let (dir, store) = support::open_store();
