@@ -277,6 +277,37 @@ proptest! {
     }
 }
 
+/// Pull timers fired in the millisecond they were due: each one's fire-time
+/// index entry keeps its key (same instant, same timer) and only changes
+/// kind, from scheduled to ready. Apply sorts a batch's index writes by key;
+/// a delete of the old entry beside the put of the new one could sort after
+/// it (an unstable sort of 64 such pairs reorders several) and leave a ready
+/// timer out of the index, where no consumer would ever see it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn due_entries_that_only_change_kind_stay_indexed() {
+    const N: u32 = 64;
+    let (_dir, store) = support::open_store();
+    let recorder = std::sync::Arc::new(Recorder::default());
+    let sm = StateMachine::open_observed(store, 3, Some(recorder.clone())).await.unwrap();
+    let mut ops = vec![Op::Elect];
+    ops.extend((0..N).map(|k| Op::Create { k, offset: 0, pull: true }));
+    ops.extend((0..N).map(|k| Op::Fire { k }));
+    // The election and the creates in one entry, the fires in the next, all at T0.
+    let proposals = build_log(&ops, N as usize + 1);
+    assert_eq!(proposals.len(), 2);
+    assert_eq!(proposals[1].commands.len(), N as usize);
+    for (i, p) in proposals.iter().enumerate() {
+        support::apply(&sm, vec![support::entry(1, i as u64 + 1, p.clone())]).await;
+    }
+    let group = 3;
+    let page = sm.store().due_page(group, &tocsin_core::fire::LoadFrom::Time(0), u64::MAX, usize::MAX).unwrap();
+    assert_eq!(page.entries.len(), N as usize, "every fired pull timer is indexed once");
+    for (pos, kind) in &page.entries {
+        assert_eq!((pos.due_ms, *kind), (T0, tocsin_core::timer::DueKind::Ready), "{}", pos.key);
+    }
+    check_same(&sm, &proposals, group, &recorder).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn applied_state_and_responses() {
     let (_dir, store) = support::open_store();
