@@ -402,7 +402,7 @@ impl Overlay<'_> {
         let written = std::mem::take(&mut self.written);
         let mut rows: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::with_capacity(written.len());
         let mut due: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
-        let mut retention: Vec<(Vec<u8>, bool)> = Vec::new();
+        let mut retention: Vec<(Vec<u8>, Option<Vec<u8>>)> = Vec::new();
         for (key, (due_before, purge_before)) in written {
             let record = self.cache.get(&key).and_then(Option::as_ref);
             rows.push((keys::timer_key(group, &key), record.map(codec::encode).transpose()?));
@@ -420,37 +420,17 @@ impl Overlay<'_> {
             let purge_after = record.and_then(TimerRecord::purge_after_ms);
             if purge_before != purge_after {
                 if let Some(at) = purge_before {
-                    retention.push((keys::time_index_key(group, at, &key), false));
+                    retention.push((keys::time_index_key(group, at, &key), None));
                 }
                 if let Some(at) = purge_after {
-                    retention.push((keys::time_index_key(group, at, &key), true));
+                    retention.push((keys::time_index_key(group, at, &key), Some(Vec::new())));
                 }
             }
         }
-        rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        due.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        retention.sort_unstable_by(|a, b| a.0.cmp(&b.0));
-        let (timers_cf, due_cf, retention_cf) =
-            (self.store.cf(keys::CF_TIMERS), self.store.cf(keys::CF_DUE), self.store.cf(keys::CF_RETENTION));
-        for (key, value) in rows {
-            match value {
-                Some(value) => self.batch.put_cf(timers_cf, key, value),
-                None => self.batch.delete_cf(timers_cf, key),
-            }
-        }
-        for (key, value) in due {
-            match value {
-                Some(value) => self.batch.put_cf(due_cf, key, value),
-                None => self.batch.delete_cf(due_cf, key),
-            }
-        }
-        for (key, put) in retention {
-            if put {
-                self.batch.put_cf(retention_cf, key, []);
-            } else {
-                self.batch.delete_cf(retention_cf, key);
-            }
-        }
+        let batch = &mut self.batch;
+        write_sorted(batch, self.store.cf(keys::CF_TIMERS), rows);
+        write_sorted(batch, self.store.cf(keys::CF_DUE), due);
+        write_sorted(batch, self.store.cf(keys::CF_RETENTION), retention);
         Ok(())
     }
 
@@ -486,6 +466,20 @@ impl Overlay<'_> {
             }
         }
         Ok(())
+    }
+}
+
+/// Puts (`Some`) and deletes (`None`) into one column family in key order:
+/// RocksDB inserts a sorted run into the memtable's skip list with shorter
+/// searches, and one key appears at most once per batch, so order among
+/// equal keys never matters.
+fn write_sorted(batch: &mut WriteBatch, cf: &rocksdb::ColumnFamily, mut rows: Vec<(Vec<u8>, Option<Vec<u8>>)>) {
+    rows.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+    for (key, value) in rows {
+        match value {
+            Some(value) => batch.put_cf(cf, key, value),
+            None => batch.delete_cf(cf, key),
+        }
     }
 }
 
