@@ -24,37 +24,11 @@ window="${4:-30}"
 case "$nodes" in 1 | 3) ;; *) echo "idle: nodes must be 1 or 3, not $nodes" >&2; exit 2 ;; esac
 bin="${IDLE_BIN:-$(bash deploy/build.sh)}"
 tocsin="$bin/tocsin"
-dir="$(mktemp -d /tmp/tocsin-idle.XXXXXX)"
-pids=()
-cleanup() {
-  for p in "${pids[@]:-}"; do [ -n "$p" ] && { kill "$p" 2>/dev/null || true; }; done
-  wait 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-for port in 7070 7071 7080 7081 7090 7091; do
-  if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
-    echo "idle: port $port is taken; stop what listens there first" >&2
-    exit 1
-  fi
-done
-if [ "$nodes" = 1 ]; then
-  "$tocsin" dev --data "$dir/n1" --grpc 127.0.0.1:7070 --http 127.0.0.1:7071 --shards "$shards" >"$dir/n1.log" 2>&1 &
-  pids+=($!)
-else
-  ic="1=127.0.0.1:7070/127.0.0.1:7071,2=127.0.0.1:7080/127.0.0.1:7081,3=127.0.0.1:7090/127.0.0.1:7091"
-  for i in 1 2 3; do
-    g=$((7060 + 10 * i))
-    "$tocsin" serve --node-id "$i" --data "$dir/n$i" --grpc "127.0.0.1:$g" --http "127.0.0.1:$((g + 1))" \
-      --initial-cluster "$ic" --shards "$shards" >"$dir/n$i.log" 2>&1 &
-    pids+=($!)
-  done
-fi
-for i in $(seq "$nodes"); do
-  http="127.0.0.1:$((7061 + 10 * i))"
-  for _ in $(seq 300); do curl -fs "http://$http/readyz" >/dev/null 2>&1 && break; sleep 0.1; done
-  curl -fs "http://$http/readyz" >/dev/null || { echo "idle: node $i never became ready (log: $dir/n$i.log)" >&2; exit 1; }
-done
+# shellcheck source=deploy/ab-nodes.sh
+source deploy/ab-nodes.sh
+ab_start "$tocsin" "$nodes" idle "$shards"
+dir="$ab_dir"
+pids=("${ab_pids[@]}")
 echo "idle: $nodes node(s), $shards shards, settling ${settle} s, then measuring ${window} s" >&2
 sleep "$settle"
 # One line per thread: node pid, thread name, utime + stime in ticks.

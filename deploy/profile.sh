@@ -38,49 +38,28 @@ bin="${PROFILE_BIN:-$(bash deploy/build.sh)}"
 tocsin="$bin/tocsin"
 rm -rf "$out"
 mkdir -p "$out"
-pids=()
-cleanup() { for p in "${pids[@]:-}"; do [ -n "$p" ] && { kill "$p" 2>/dev/null || true; }; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-wait_ready() {
-  for _ in $(seq 300); do curl -fs "http://$1/readyz" >/dev/null 2>&1 && return 0; sleep 0.1; done
-  echo "profile: node at $1 never became ready" >&2
-  exit 1
-}
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-
 # The nodes allow webhooks to loopback (the bench's receiver) and take calls
-# without tokens, as the side-by-side script runs them.
-export TOCSIN_DELIVERY__WEBHOOK_ALLOW=127.0.0.0/8 TOCSIN_AUTH__MODE=open
-# A node of the previous profile may still be shutting down: wait for it.
-for port in 7070 7071 7080 7081 7090 7091; do
-  for _ in $(seq 150); do (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null || continue 2; sleep 0.1; done
-  echo "profile: 127.0.0.1:$port is taken (another node?); stop it first" >&2
-  exit 1
-done
+# without tokens, as the side-by-side script runs them; their data and logs
+# stay in out-dir.
+export TOCSIN_DELIVERY__WEBHOOK_ALLOW=127.0.0.0/8 TOCSIN_AUTH__MODE=open AB_KEEP_DIR="$out"
+# shellcheck source=deploy/ab-nodes.sh
+source deploy/ab-nodes.sh
 case "$load" in
-  single | batched | fire | burst)
-    "$tocsin" dev --data "$out/data" --grpc 127.0.0.1:7070 --http 127.0.0.1:7071 >"$out/node.log" 2>&1 &
-    pids+=($!)
-    node=$!
-    wait_ready 127.0.0.1:7071
-    ;;
-  cluster | idle3)
-    ic="1=127.0.0.1:7070/127.0.0.1:7071,2=127.0.0.1:7080/127.0.0.1:7081,3=127.0.0.1:7090/127.0.0.1:7091"
-    for i in 1 2 3; do
-      g=$((7060 + 10 * i))
-      "$tocsin" serve --node-id "$i" --data "$out/n$i" --grpc "127.0.0.1:$g" --http "127.0.0.1:$((g + 1))" \
-        --initial-cluster "$ic" --shards 12 >"$out/n$i.log" 2>&1 &
-      pids+=($!)
-      if [ "$i" = 1 ]; then node=$!; fi
-    done
-    for i in 1 2 3; do wait_ready "127.0.0.1:$((7061 + 10 * i))"; done
-    sleep 3
-    ;;
+  single | batched | fire | burst) ab_start "$tocsin" 1 profile ;;
+  cluster | idle3) ab_start "$tocsin" 3 profile ;;
   *)
     echo "profile: unknown load $load" >&2
     exit 2
     ;;
 esac
+node="${ab_pids[0]}"
+pids=()
+cleanup() {
+  for p in "${pids[@]:-}"; do [ -n "$p" ] && { kill "$p" 2>/dev/null || true; }; done
+  ab_cleanup
+}
+trap cleanup EXIT
+cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 
 # The load runs in the background; the recording starts once it is under way
 # (the burst's drain starts after its creates and lead).
