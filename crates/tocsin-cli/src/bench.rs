@@ -569,6 +569,12 @@ impl Child {
             .arg("--data")
             .arg(data)
             .env("TOCSIN_REPLICATION_FACTOR", "1")
+            // The bench's own throwaway node on loopback: no tokens to mint
+            // (the bench has none for a node it just made), and its marker
+            // timers call the bench's sink on 127.0.0.1, which `serve`
+            // refuses unless allowed.
+            .env("TOCSIN_AUTH__MODE", "open")
+            .env("TOCSIN_DELIVERY__WEBHOOK_ALLOW", "127.0.0.1/32")
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .spawn()?;
@@ -605,6 +611,14 @@ impl Child {
     fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+    }
+}
+
+/// A bench that fails half way (a refused create, a node that never became
+/// ready) must not leave its node running and holding the data directory.
+impl Drop for Child {
+    fn drop(&mut self) {
+        self.kill9();
     }
 }
 

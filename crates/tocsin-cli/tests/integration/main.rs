@@ -4,6 +4,7 @@
 mod amqp;
 mod auth;
 mod bad_input;
+mod bench_restart;
 mod client_tls;
 mod clock;
 mod cluster_id;
