@@ -23,7 +23,7 @@ impl Scenario for KillLeader {
         "kill-leader"
     }
     fn about(&self) -> &'static str {
-        "kill -9 the leader of shard 0 while 20,000 timers are due in the next 10 s; restart it 10 s later"
+        "kill -9 the leader of shard 0 while a burst of timers (--burst, 20,000 unless told) is due in the next 10 s; restart it 10 s later"
     }
     fn bounds(&self) -> Bounds {
         FAILOVER_BOUNDS
