@@ -29,7 +29,7 @@ use clap::Subcommand;
 /// buffers on every request, entry and message across a dozen threads, and
 /// glibc's arenas showed as 6–8% of a loaded node's CPU (`_int_malloc`,
 /// `_int_free`, `malloc_consolidate`, `unlink_chunk`). A/B figures in
-/// BENCHMARKS.md.
+/// docs/perf-history.md.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -42,7 +42,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// it. Profiling a node draining a 200,000-timer burst put 12.6% of its
 /// samples in the kernel's `clear_page_erms` under huge-page faults, and
 /// the node ended the drain at 1.25-1.50 GB resident against 0.91-0.95 GB
-/// without them. A/B figures in BENCHMARKS.md ("Transparent huge pages
+/// without them. A/B figures in docs/perf-history.md ("Transparent huge pages
 /// off").
 #[allow(unsafe_code)]
 fn no_transparent_huge_pages() {

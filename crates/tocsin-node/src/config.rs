@@ -144,7 +144,7 @@ pub enum LogFormat {
 /// 10,000 timers/s, three nodes on two cores then held no election and
 /// delivered 47–67 duplicates; with the Raft threads at the process's
 /// priority the same timings gave 200–500 elections per node and 18,248
-/// duplicates (BENCHMARKS.md, "Raft threads first"). A node that cannot
+/// duplicates (docs/perf-history.md, "Raft threads first"). A node that cannot
 /// raise the priority (no `CAP_SYS_NICE`) on a host that runs out of CPU
 /// is safer with 50 / 150–300 ms, at 450–600 ms per failover.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

@@ -149,7 +149,7 @@ impl Drop for SideRuntime {
 /// followers campaigned (200–500 elections per node), and every new term
 /// repeated deliveries (18,248 duplicates). With these threads at nice −10:
 /// 49–81 late heartbeats per node, no election, 67 duplicates
-/// (BENCHMARKS.md, "Raft threads first"). Raft's own work is small (heartbeats,
+/// (docs/perf-history.md, "Raft threads first"). Raft's own work is small (heartbeats,
 /// appends, votes): ahead of the rest it costs the rest little.
 ///
 /// Lowering a nice value needs `CAP_SYS_NICE` or an `RLIMIT_NICE` of at

@@ -6,7 +6,7 @@
 //! heartbeat wakes the group's core on both ends. On an idle three-node
 //! cluster of 16 shards a node sent and answered about 600 heartbeat
 //! messages a second, 2.9-3.1% of a core, against 0.6% for one node with no
-//! peers (BENCHMARKS.md, "Quiet groups"). The interval itself cannot grow:
+//! peers (docs/perf-history.md, "Quiet groups"). The interval itself cannot grow:
 //! a follower's election timeout must be a few intervals long, and a dead
 //! leader must be replaced within 300 ms. So, as CockroachDB quiesces idle
 //! ranges under its node liveness, a node tells each peer which idle groups

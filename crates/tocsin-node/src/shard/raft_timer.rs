@@ -5,7 +5,8 @@
 //! 16 groups per node that is 2,000 wake-ups a second of a tick task and a
 //! core each, whatever the groups do, and the groups' heartbeats leave at
 //! different phases, so they rarely share a link frame: an idle node of a
-//! three-node cluster spent 5-6% of a core on it (BENCHMARKS.md, "Cores").
+//! three-node cluster spent 5-6% of a core on it (docs/perf-history.md,
+//! "Every group's Raft timer instead of openraft's tick").
 //!
 //! Here openraft's tick is off for good and one task per group wakes only
 //! when something is due ([`next_step`], pure: the group's role and vote

@@ -40,7 +40,7 @@ const MIN_SEND_MS: u64 = 50;
 /// (520 ms with 40 / 100–130 ms timings) gave up on 535–1,016 attempts per
 /// run on the node taking the load in the three-node overload runs, each
 /// then 10 s late, while the lease lapsed for moments under saturation
-/// (BENCHMARKS.md, "Raft threads first").
+/// (docs/perf-history.md, "Raft threads first").
 pub async fn gate(ctx: &ShardCtx, epoch: u64, until_ms: u64, sink: &'static str) -> Option<u64> {
     let abandon = |reason: &'static str| {
         metrics::counter!("tocsin_attempts_abandoned_total", "sink" => sink, "reason" => reason).increment(1);

@@ -526,7 +526,7 @@ impl WebhookSender {
 /// commit). One cut shorter because the attempt spent its time waiting here
 /// for a slot says more of this node's backlog than of the endpoint:
 /// counted, it opened the breaker of a receiver that was only slow, and the
-/// held attempts became paced retries, tens of seconds late (BENCHMARKS.md,
+/// held attempts became paced retries, tens of seconds late (docs/perf-history.md,
 /// "Raft threads first"). Every other failure (refused connection, reset,
 /// DNS) counts whatever the budget.
 fn failure_counts_against_breaker(class: &str, budget_ms: u64, webhook_timeout_ms: u64) -> bool {
