@@ -27,13 +27,11 @@ tocsin="$bin/tocsin"
 # shellcheck source=deploy/ab-nodes.sh
 source deploy/ab-nodes.sh
 ab_start "$tocsin" "$nodes" idle "$shards"
-dir="$ab_dir"
-pids=("${ab_pids[@]}")
 echo "idle: $nodes node(s), $shards shards, settling ${settle} s, then measuring ${window} s" >&2
 sleep "$settle"
 # One line per thread: node pid, thread name, utime + stime in ticks.
 snapshot() {
-  for p in "${pids[@]}"; do
+  for p in "${ab_pids[@]}"; do
     for t in /proc/"$p"/task/*; do
       stat="$(cat "$t/stat" 2>/dev/null)" || continue
       rest="${stat##*) }"
@@ -45,10 +43,10 @@ snapshot() {
     done
   done
 }
-snapshot >"$dir/before"
+snapshot >"$ab_dir/before"
 sleep "$window"
-snapshot >"$dir/after"
-python3 - "$dir/before" "$dir/after" "$(getconf CLK_TCK)" "$window" <<'PY'
+snapshot >"$ab_dir/after"
+python3 - "$ab_dir/before" "$ab_dir/after" "$(getconf CLK_TCK)" "$window" <<'PY'
 import collections, sys
 def read(path):
     ticks, switches = collections.Counter(), collections.Counter()
