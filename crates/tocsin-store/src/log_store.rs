@@ -12,7 +12,10 @@
 //! the blocking pool and a decode each. On two cores each thread hand-off
 //! costs a tenth of a millisecond or more, and these were four of them on
 //! every entry's path. An entry leaves the cache only once the writer has
-//! put it in RocksDB, so a read never finds a hole.
+//! put it in RocksDB, so a read never finds a hole. Once it is there, it
+//! stays only while the group's cache is within [`CACHE_ENTRIES`] and
+//! [`CACHE_BYTES`]: a batched entry can hold thousands of creates, and 512
+//! of those per group kept a loaded node's heap above a gigabyte.
 
 use std::fmt::Debug;
 use std::io;
@@ -49,11 +52,21 @@ const MAX_ENTRIES_PER_LIMITED_READ: u64 = 4096;
 /// Most entries kept in a group's [`LogCache`] once they are in RocksDB.
 const CACHE_ENTRIES: usize = 512;
 
+/// Most encoded bytes of entries kept in a group's [`LogCache`] once they
+/// are in RocksDB. What the cache saves is the read of entries a follower
+/// has not received yet, and a follower lags the leader by the proposer's
+/// few entries in flight, not by megabytes; one that lags further is read
+/// from RocksDB. 16 groups on a node keep at most 32 MiB of them.
+const CACHE_BYTES: usize = 2 << 20;
+
 /// The group's newest entries, consecutive, each until it is in RocksDB and
-/// [`CACHE_ENTRIES`] newer ones are.
+/// newer ones fill [`CACHE_ENTRIES`] or [`CACHE_BYTES`].
 #[derive(Default)]
 struct LogCache {
-    entries: std::collections::VecDeque<Entry>,
+    /// Each entry with its encoded size.
+    entries: std::collections::VecDeque<(Entry, usize)>,
+    /// The encoded sizes of `entries`, summed.
+    bytes: usize,
     /// Every entry up to this index is in RocksDB (or was truncated away).
     written_upto: u64,
     /// Raised by every truncation: a write queued before one reports
@@ -63,35 +76,46 @@ struct LogCache {
 
 impl LogCache {
     fn first_index(&self) -> Option<u64> {
-        self.entries.front().map(|e| e.log_id().index())
+        self.entries.front().map(|(e, _)| e.log_id().index())
     }
 
     fn last_log_id(&self) -> Option<LogId> {
-        self.entries.back().map(|e| e.log_id())
+        self.entries.back().map(|(e, _)| e.log_id())
     }
 
-    fn push(&mut self, entry: Entry) {
-        if let Some(last) = self.entries.back()
+    fn push(&mut self, entry: Entry, encoded_bytes: usize) {
+        if let Some((last, _)) = self.entries.back()
             && last.log_id().index() + 1 != entry.log_id().index()
         {
             // Not consecutive (openraft truncates before it overwrites; this
             // only guards the cache's shape): start over.
             self.entries.clear();
+            self.bytes = 0;
         }
-        self.entries.push_back(entry);
+        self.bytes += encoded_bytes;
+        self.entries.push_back((entry, encoded_bytes));
+    }
+
+    fn pop_front(&mut self) {
+        if let Some((_, n)) = self.entries.pop_front() {
+            self.bytes -= n;
+        }
     }
 
     fn truncate_from(&mut self, from: u64) {
         self.generation += 1;
         self.written_upto = self.written_upto.min(from.saturating_sub(1));
-        while self.entries.back().is_some_and(|e| e.log_id().index() >= from) {
+        while let Some((e, n)) = self.entries.back()
+            && e.log_id().index() >= from
+        {
+            self.bytes -= n;
             self.entries.pop_back();
         }
     }
 
     fn purge_upto(&mut self, upto: u64) {
-        while self.entries.front().is_some_and(|e| e.log_id().index() <= upto) {
-            self.entries.pop_front();
+        while self.entries.front().is_some_and(|(e, _)| e.log_id().index() <= upto) {
+            self.pop_front();
         }
     }
 
@@ -100,10 +124,10 @@ impl LogCache {
             return;
         }
         self.written_upto = self.written_upto.max(upto);
-        while self.entries.len() > CACHE_ENTRIES
-            && self.entries.front().is_some_and(|e| e.log_id().index() <= self.written_upto)
+        while (self.entries.len() > CACHE_ENTRIES || self.bytes > CACHE_BYTES)
+            && self.entries.front().is_some_and(|(e, _)| e.log_id().index() <= self.written_upto)
         {
-            self.entries.pop_front();
+            self.pop_front();
         }
     }
 
@@ -111,7 +135,7 @@ impl LogCache {
     fn range(&self, start: u64, end: u64) -> Vec<Entry> {
         let Some(first) = self.first_index() else { return Vec::new() };
         let skip = start.saturating_sub(first) as usize;
-        self.entries.iter().skip(skip).take_while(|e| e.log_id().index() < end).cloned().collect()
+        self.entries.iter().skip(skip).map(|(e, _)| e).take_while(|e| e.log_id().index() < end).cloned().collect()
     }
 }
 
@@ -345,8 +369,10 @@ impl RaftLogStorage<TypeConfig> for LogStore {
             generation = cache.generation;
             for entry in entries {
                 let index = entry.log_id().index();
-                batch.put_cf(cf, keys::log_key(self.group, index), codec::encode(&entry)?);
-                cache.push(entry);
+                let encoded = codec::encode(&entry)?;
+                let encoded_bytes = encoded.len();
+                batch.put_cf(cf, keys::log_key(self.group, index), encoded);
+                cache.push(entry, encoded_bytes);
                 last = Some(index);
             }
         }
@@ -393,5 +419,63 @@ impl RaftLogStorage<TypeConfig> for LogStore {
         self.cache.lock().expect("log cache lock").purge_upto(log_id.index());
         self.put_pending_committed(&mut batch)?;
         self.store.write_durable(batch).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn blank(index: u64) -> Entry {
+        Entry { log_id: openraft::testing::log_id::<TypeConfig>(1, 1, index), payload: openraft::EntryPayload::Blank }
+    }
+
+    fn indexes(cache: &LogCache) -> Vec<u64> {
+        cache.entries.iter().map(|(e, _)| e.log_id().index()).collect()
+    }
+
+    #[test]
+    fn written_entries_leave_once_the_cache_is_over_its_bytes_and_unwritten_ones_never_do() {
+        let mut cache = LogCache::default();
+        let entry_bytes = CACHE_BYTES / 4;
+        for index in 1..=10 {
+            cache.push(blank(index), entry_bytes);
+        }
+        // Nothing is in RocksDB yet: all ten stay, whatever they weigh.
+        cache.written(cache.generation, 0);
+        assert_eq!(indexes(&cache), (1..=10).collect::<Vec<_>>());
+
+        // Up to 8 written: the oldest written leave until the cache is
+        // within its bytes; 9 and 10 stay although the bound allows four.
+        cache.written(cache.generation, 8);
+        assert_eq!(indexes(&cache), (7..=10).collect::<Vec<_>>());
+        assert_eq!(cache.bytes, 4 * entry_bytes);
+
+        cache.written(cache.generation, 10);
+        assert_eq!(indexes(&cache), (7..=10).collect::<Vec<_>>());
+        assert_eq!(cache.range(8, 10).iter().map(|e| e.log_id().index()).collect::<Vec<_>>(), vec![8, 9]);
+    }
+
+    #[test]
+    fn small_entries_are_bounded_by_count_and_the_byte_total_follows_every_removal() {
+        let mut cache = LogCache::default();
+        for index in 1..=(CACHE_ENTRIES as u64 + 100) {
+            cache.push(blank(index), 10);
+        }
+        cache.written(cache.generation, CACHE_ENTRIES as u64 + 100);
+        assert_eq!(cache.entries.len(), CACHE_ENTRIES);
+        assert_eq!(cache.bytes, CACHE_ENTRIES * 10);
+
+        let last = CACHE_ENTRIES as u64 + 100;
+        cache.truncate_from(last - 9);
+        assert_eq!(cache.bytes, (CACHE_ENTRIES - 10) * 10);
+        cache.purge_upto(last - 20);
+        assert_eq!(cache.first_index(), Some(last - 19));
+        assert_eq!(cache.bytes, cache.entries.len() * 10);
+
+        // A gap starts the cache over, bytes included.
+        cache.push(blank(last + 5), 7);
+        assert_eq!(cache.bytes, 7);
+        assert_eq!(indexes(&cache), vec![last + 5]);
     }
 }
