@@ -582,13 +582,47 @@ impl Child {
     }
 
     fn rss_bytes(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap_or_default();
-        status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
+        self.proc_kib("status", "VmRSS:") * 1024
+    }
+
+    /// A `<field> <n> kB` line of `/proc/<pid>/<file>`, in KiB (0 if absent).
+    fn proc_kib(&self, file: &str, field: &str) -> u64 {
+        let text = std::fs::read_to_string(format!("/proc/{}/{file}", self.child.id())).unwrap_or_default();
+        text.lines()
+            .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.split_whitespace().next())
             .and_then(|kb| kb.parse::<u64>().ok())
-            .map_or(0, |kb| kb * 1024)
+            .unwrap_or(0)
+    }
+
+    /// Where the resident memory is: anonymous (heap, RocksDB's memtables
+    /// and cache) against file-backed pages, and RocksDB's own accounts from
+    /// the node's `/metrics`, so that an RSS figure says what holds it.
+    async fn memory_breakdown(&self) -> String {
+        let anon_kib = self.proc_kib("smaps_rollup", "Anonymous:");
+        let file_kib = self.proc_kib("status", "RssFile:");
+        let mut parts = vec![
+            format!("anonymous {:.1} MiB", anon_kib as f64 / 1024.0),
+            format!("file-backed {:.1} MiB", file_kib as f64 / 1024.0),
+        ];
+        let metrics = match tocsin_contract::tls::http_client_builder().build() {
+            Ok(client) => match client.get(format!("http://{}/metrics", self.http)).send().await {
+                Ok(r) => r.text().await.unwrap_or_default(),
+                Err(_) => String::new(),
+            },
+            Err(_) => String::new(),
+        };
+        for (metric, label) in [
+            ("tocsin_rocksdb_memtable_bytes", "RocksDB memtables"),
+            ("tocsin_rocksdb_block_cache_bytes", "block cache"),
+            ("tocsin_rocksdb_table_readers_bytes", "table readers"),
+        ] {
+            let bytes = metrics.lines().find_map(|l| l.strip_prefix(metric).and_then(|v| v.trim().parse::<f64>().ok()));
+            if let Some(bytes) = bytes {
+                parts.push(format!("{label} {:.1} MiB", bytes / 1048576.0));
+            }
+        }
+        parts.join(", ")
     }
 
     async fn wait_ready(&mut self, timeout: Duration) -> anyhow::Result<()> {
@@ -661,6 +695,7 @@ async fn restart(
         rss as f64 / 1048576.0,
         rss as f64 / total.max(1) as f64
     );
+    println!("  of which: {}", node.memory_breakdown().await);
 
     // Phase: marker timers due 3 s from now, received by an embedded sink.
     let received = Arc::new(Mutex::new(Vec::<u64>::new()));
