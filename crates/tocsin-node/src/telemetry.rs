@@ -204,6 +204,12 @@ pub const METRICS: &[(&str, Kind, Unit, &str)] = &[
     ),
     ("tocsin_raft_log_append_seconds", Kind::Histogram, Unit::Seconds, "Raft log appends, until synced"),
     (
+        "tocsin_raft_log_uncached_entries_total",
+        Kind::Counter,
+        Unit::Count,
+        "Raft log entries read back from RocksDB because replication or apply fell behind the log cache",
+    ),
+    (
         "tocsin_raft_apply_seconds",
         Kind::Histogram,
         Unit::Seconds,

@@ -178,6 +178,9 @@ impl LogStore {
         // drops only written entries).
         let this = self.clone();
         let mut out = tokio::task::spawn_blocking(move || this.read_range(start, cached_from)).await??;
+        // Replication or apply fell behind the cache: each such entry cost a
+        // RocksDB read and a decode on the blocking pool.
+        metrics::counter!("tocsin_raft_log_uncached_entries_total").increment(out.len() as u64);
         if out.last().is_some_and(|e| e.log_id().index() + 1 == cached_from) || out.is_empty() {
             out.append(&mut cached);
         }
