@@ -605,13 +605,14 @@ impl Child {
             format!("anonymous {:.1} MiB", anon_kib as f64 / 1024.0),
             format!("file-backed {:.1} MiB", file_kib as f64 / 1024.0),
         ];
-        let metrics = match tocsin_contract::tls::http_client_builder().build() {
-            Ok(client) => match client.get(format!("http://{}/metrics", self.http)).send().await {
-                Ok(r) => r.text().await.unwrap_or_default(),
-                Err(_) => String::new(),
-            },
-            Err(_) => String::new(),
-        };
+        // A node that stopped answering must not hang the bench: the
+        // breakdown is a diagnostic, so it goes without the RocksDB parts.
+        let metrics = async {
+            let client = tocsin_contract::tls::http_client_builder().timeout(Duration::from_secs(2)).build().ok()?;
+            client.get(format!("http://{}/metrics", self.http)).send().await.ok()?.text().await.ok()
+        }
+        .await
+        .unwrap_or_default();
         for (metric, label) in [
             ("tocsin_rocksdb_memtable_bytes", "RocksDB memtables"),
             ("tocsin_rocksdb_block_cache_bytes", "block cache"),

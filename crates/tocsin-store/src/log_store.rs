@@ -53,10 +53,12 @@ const MAX_ENTRIES_PER_LIMITED_READ: u64 = 4096;
 const CACHE_ENTRIES: usize = 512;
 
 /// Most encoded bytes of entries kept in a group's [`LogCache`] once they
-/// are in RocksDB. What the cache saves is the read of entries a follower
-/// has not received yet, and a follower lags the leader by the proposer's
-/// few entries in flight, not by megabytes; one that lags further is read
-/// from RocksDB. 16 groups on a node keep at most 32 MiB of them.
+/// are in RocksDB. What the cache saves is the read of entries that
+/// replication has not sent to a follower yet or that apply has not
+/// applied yet, and both lag the append by the proposer's few entries in
+/// flight, not by megabytes; a reader that lags further reads RocksDB
+/// (counted by `tocsin_raft_log_uncached_entries_total`). 16 groups on a
+/// node keep at most 32 MiB of them.
 const CACHE_BYTES: usize = 2 << 20;
 
 /// The group's newest entries, consecutive, each until it is in RocksDB and
