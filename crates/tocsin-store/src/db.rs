@@ -138,6 +138,10 @@ pub struct Store {
     writer_thread: Option<std::thread::JoinHandle<()>>,
     stats: Arc<StoreStats>,
     failed: Arc<AtomicBool>,
+    /// The block cache every column family shares, kept for its usage:
+    /// the DB-wide `rocksdb.block-cache-usage` property reads the default
+    /// column family's cache, which Tocsin never uses, and so read 0.
+    block_cache: Cache,
 }
 
 impl Drop for Store {
@@ -207,6 +211,7 @@ impl Store {
             writer_thread: Some(writer_thread),
             stats,
             failed,
+            block_cache: cache,
         }))
     }
 
@@ -245,8 +250,8 @@ impl Store {
         vec![
             ("tocsin_rocksdb_memtable_bytes", per_cf("rocksdb.cur-size-all-mem-tables")),
             ("tocsin_rocksdb_table_readers_bytes", per_cf("rocksdb.estimate-table-readers-mem")),
-            ("tocsin_rocksdb_block_cache_bytes", db("rocksdb.block-cache-usage")),
-            ("tocsin_rocksdb_block_cache_pinned_bytes", db("rocksdb.block-cache-pinned-usage")),
+            ("tocsin_rocksdb_block_cache_bytes", self.block_cache.get_usage() as u64),
+            ("tocsin_rocksdb_block_cache_pinned_bytes", self.block_cache.get_pinned_usage() as u64),
             ("tocsin_rocksdb_live_sst_bytes", per_cf("rocksdb.live-sst-files-size")),
             ("tocsin_rocksdb_write_stopped", per_cf("rocksdb.is-write-stopped")),
             ("tocsin_rocksdb_delayed_write_rate", db("rocksdb.actual-delayed-write-rate")),

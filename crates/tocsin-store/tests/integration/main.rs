@@ -5,6 +5,7 @@ mod apply;
 mod conformance;
 mod crash;
 mod isolation;
+mod memory;
 mod metadata;
 mod ordering;
 mod support;
