@@ -6,9 +6,9 @@ use tocsin_store::keys;
 
 use crate::support;
 
-/// A key of group 7: the group prefix, then `i`, both big-endian.
+/// A key of group 7, made by the key module like every stored key.
 fn key(i: u32) -> Vec<u8> {
-    [7u64.to_be_bytes().as_slice(), i.to_be_bytes().as_slice()].concat()
+    keys::with_group(7, &i.to_be_bytes())
 }
 
 fn gauge(store: &tocsin_store::Store, name: &str) -> u64 {
