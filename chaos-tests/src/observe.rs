@@ -148,6 +148,112 @@ impl CpuWatch {
     }
 }
 
+/// Counters the timeline follows: why creates were refused, how client
+/// calls were answered, and what moved leaderships or abandoned attempts.
+/// (A create the client retried after a refusal shows only as a late
+/// acknowledgement in the records; these say which refusal it was.)
+const TIMELINE_COUNTERS: &[&str] = &[
+    "tocsin_creates_shed_total",
+    "tocsin_grpc_requests_total",
+    "tocsin_forwarded_requests_total",
+    "tocsin_stale_map_refusals_total",
+    "tocsin_leader_changes_total",
+    "tocsin_attempts_abandoned_total",
+];
+
+/// The series of `TIMELINE_COUNTERS` in a `/metrics` text: (series with
+/// its labels, value).
+fn timeline_series(text: &str) -> Vec<(String, f64)> {
+    text.lines()
+        .filter(|l| {
+            TIMELINE_COUNTERS
+                .iter()
+                .any(|name| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{')))
+        })
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            Some((series.to_string(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Samples some counters of every node once a second into
+/// `counters.ndjson` (a line per series whose value changed: `t_ms`,
+/// `node`, `series`, `value`), so that a stall in a run's records can be
+/// matched with what the nodes refused meanwhile.
+pub struct CounterTimeline {
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    task: Option<tokio::task::JoinHandle<std::collections::BTreeMap<(String, String), f64>>>,
+}
+
+/// A run that ends early (an error) stops the sampling too: it must not
+/// scrape the next scenario's nodes into this one's file.
+impl Drop for CounterTimeline {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+impl CounterTimeline {
+    /// `(name, http address)` of each node.
+    pub fn start(nodes: Vec<(String, String)>, path: std::path::PathBuf) -> CounterTimeline {
+        use std::io::Write;
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut last: std::collections::BTreeMap<(String, String), f64> = std::collections::BTreeMap::new();
+            let mut out = std::fs::File::create(&path).ok().map(std::io::BufWriter::new);
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            while !flag.load(std::sync::atomic::Ordering::Relaxed) {
+                tick.tick().await;
+                let t_ms = crate::driver::now_ms();
+                for (node, http) in &nodes {
+                    // A node that is down (killed, frozen) is skipped.
+                    let Ok(Ok(text)) = tokio::time::timeout(Duration::from_millis(900), metrics(http)).await else {
+                        continue;
+                    };
+                    for (series, value) in timeline_series(&text) {
+                        let key = (node.clone(), series);
+                        if last.get(&key) != Some(&value) {
+                            if let Some(out) = out.as_mut() {
+                                let line =
+                                    serde_json::json!({"t_ms": t_ms, "node": key.0, "series": key.1, "value": value});
+                                let _ = writeln!(out, "{line}");
+                            }
+                            last.insert(key, value);
+                        }
+                    }
+                }
+            }
+            if let Some(mut out) = out {
+                let _ = out.flush();
+            }
+            last
+        });
+        CounterTimeline { stop, task: Some(task) }
+    }
+
+    /// Stops sampling; the creates each node shed, by reason, as a line
+    /// for the run's output (`none` if no node shed any).
+    pub async fn finish(mut self) -> String {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let last = match self.task.take() {
+            Some(task) => task.await.unwrap_or_default(),
+            None => Default::default(),
+        };
+        let shed: Vec<String> = last
+            .iter()
+            .filter(|((_, series), value)| series.starts_with("tocsin_creates_shed_total") && **value > 0.0)
+            .map(|((node, series), value)| {
+                let reason = series.split("reason=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or("?");
+                format!("{node} {reason} {value}")
+            })
+            .collect();
+        if shed.is_empty() { "none".into() } else { shed.join(", ") }
+    }
+}
+
 /// Sets modes on a `tocsin sink` (`PREFIX=MODE` lines) through its control
 /// endpoint at `base` (`http://host:port`).
 pub async fn sink_modes(base: &str, lines: &[&str]) -> anyhow::Result<()> {
@@ -157,6 +263,22 @@ pub async fn sink_modes(base: &str, lines: &[&str]) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_timeline_keeps_only_its_counters() {
+        let text = "# HELP tocsin_creates_shed_total x\n\
+                    tocsin_creates_shed_total{reason=\"queue_delay\"} 12\n\
+                    tocsin_creates_shed_total_other 3\n\
+                    tocsin_grpc_requests_total{method=\"CreateTimers\",code=\"Ok\"} 40\n\
+                    tocsin_pending_timers 7\n";
+        assert_eq!(
+            timeline_series(text),
+            vec![
+                ("tocsin_creates_shed_total{reason=\"queue_delay\"}".to_string(), 12.0),
+                ("tocsin_grpc_requests_total{method=\"CreateTimers\",code=\"Ok\"}".to_string(), 40.0),
+            ]
+        );
+    }
 
     #[test]
     fn quantiles_between_scrapes() {

@@ -252,6 +252,10 @@ async fn drive(scenario: &dyn Scenario, run: &mut Run) -> anyhow::Result<(Report
     // However this scenario ends (an error included), its load stops: it
     // must never spill into the next scenario's cluster.
     let stop = run.stop_load.0.clone();
+    let counters = crate::observe::CounterTimeline::start(
+        run.cluster.nodes.iter().map(|n| (format!("n{}", n.id), n.http())).collect(),
+        run.dir.join("counters.ndjson"),
+    );
     let mut loads = tokio::task::JoinSet::new();
     for load in run.loads.clone() {
         loads.spawn(driver::steady(run.client().clone(), run.rec.clone(), load, stop.clone()));
@@ -282,6 +286,7 @@ async fn drive(scenario: &dyn Scenario, run: &mut Run) -> anyhow::Result<(Report
         rec.creates.load(Ordering::Relaxed),
         rec.failures.load(Ordering::Relaxed)
     );
+    println!("    creates shed by the nodes: {}", counters.finish().await);
 
     // Drain: every timer is due within 10 s of its create; give retries
     // the rest of the drain limit, and stop as soon as nothing is missing.
