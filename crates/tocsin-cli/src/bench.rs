@@ -116,6 +116,7 @@ pub enum BenchCommand {
     /// Memory and restart time with many pending timers: starts its own
     /// node, preloads `pending` timers due in 1-7 days, reports the node's
     /// RSS, then kills it with SIGKILL and measures restart to first fire.
+    /// Its node runs open on loopback: `--token` is not used.
     Restart {
         /// Data directory for the node this bench starts (created; reused if
         /// it already holds the timers, see --skip-preload).
@@ -666,6 +667,10 @@ async fn restart(
     skip_preload: bool,
     quiet: bool,
 ) -> anyhow::Result<ExitCode> {
+    if crate::token().is_some() {
+        // Not an error: TOCSIN_TOKEN set for the other commands sets it here too.
+        eprintln!("note: bench restart starts its own node, open on loopback; --token (or TOCSIN_TOKEN) is not used");
+    }
     std::fs::create_dir_all(&data)?;
     let grpc = format!("127.0.0.1:{}", free_port()?);
     let http = format!("127.0.0.1:{}", free_port()?);
