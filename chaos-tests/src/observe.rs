@@ -149,12 +149,13 @@ impl CpuWatch {
 }
 
 /// Counters the timeline follows: why creates were refused, how client
-/// calls were answered, and what moved leaderships or abandoned attempts.
+/// calls and the items of batched creates were answered, and what moved leaderships or abandoned attempts.
 /// (A create the client retried after a refusal shows only as a late
 /// acknowledgement in the records; these say which refusal it was.)
 const TIMELINE_COUNTERS: &[&str] = &[
     "tocsin_creates_shed_total",
     "tocsin_grpc_requests_total",
+    "tocsin_create_items_refused_total",
     "tocsin_forwarded_requests_total",
     "tocsin_stale_map_refusals_total",
     "tocsin_leader_changes_total",

@@ -49,6 +49,12 @@ pub const METRICS: &[(&str, Kind, Unit, &str)] = &[
         "Requests this node forwarded to the shard's leader",
     ),
     (
+        "tocsin_create_items_refused_total",
+        Kind::Counter,
+        Unit::Count,
+        "Items of client CreateTimers calls answered with an error of their own (the call itself OK), by gRPC code",
+    ),
+    (
         "tocsin_stale_map_refusals_total",
         Kind::Counter,
         Unit::Count,

@@ -493,6 +493,14 @@ impl TimerApi {
             }
             forwarded_to = only_leader;
         }
+        // A call answers OK with its items' own errors, which the call
+        // counter cannot show: counted here, by the node the client called.
+        if !forwarded {
+            for e in results.iter().filter_map(|r| r.as_ref().err()) {
+                let code = tocsin_contract::codes::code_name(e.code());
+                metrics::counter!("tocsin_create_items_refused_total", "code" => code).increment(1);
+            }
+        }
         let results = results
             .into_iter()
             .map(|r| pb::CreateTimerResult {
