@@ -62,7 +62,7 @@ impl Histogram {
         for line in text.lines() {
             let Some(value) = line.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) else { continue };
             if line.starts_with(&bucket) {
-                let le = line.split("le=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or("");
+                let le = label(line, "le").unwrap_or("");
                 let le = if le == "+Inf" { f64::INFINITY } else { le.parse().unwrap_or(f64::NAN) };
                 match h.buckets.iter_mut().find(|(l, _)| *l == le) {
                     Some(b) => b.1 += value,
@@ -92,12 +92,20 @@ impl Histogram {
     }
 }
 
+/// Whether a `/metrics` line is a sample of metric `name` (not of one
+/// whose name merely starts with it).
+fn is_series_of(line: &str, name: &str) -> bool {
+    line.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+}
+
+/// The value of label `name` in a `/metrics` line.
+fn label<'a>(line: &'a str, name: &str) -> Option<&'a str> {
+    line.split(&format!("{name}=\"")).nth(1)?.split('"').next()
+}
+
 /// The sum of a counter's values over its label sets in a `/metrics` text.
 pub fn counter_sum(text: &str, name: &str) -> f64 {
-    text.lines()
-        .filter(|l| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{')))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+    text.lines().filter(|l| is_series_of(l, name)).filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok()).sum()
 }
 
 /// Scrapes a node's `/metrics` (HTTP address `host:port`).
@@ -149,7 +157,8 @@ impl CpuWatch {
 }
 
 /// Counters the timeline follows: why creates were refused, how client
-/// calls and the items of batched creates were answered, and what moved leaderships or abandoned attempts.
+/// calls and the items of batched creates were answered, and what moved
+/// leaderships or abandoned attempts.
 /// (A create the client retried after a refusal shows only as a late
 /// acknowledgement in the records; these say which refusal it was.)
 const TIMELINE_COUNTERS: &[&str] = &[
@@ -166,11 +175,7 @@ const TIMELINE_COUNTERS: &[&str] = &[
 /// its labels, value).
 fn timeline_series(text: &str) -> Vec<(String, f64)> {
     text.lines()
-        .filter(|l| {
-            TIMELINE_COUNTERS
-                .iter()
-                .any(|name| l.strip_prefix(name).is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{')))
-        })
+        .filter(|l| TIMELINE_COUNTERS.iter().any(|name| is_series_of(l, name)))
         .filter_map(|l| {
             let (series, value) = l.rsplit_once(' ')?;
             Some((series.to_string(), value.parse().ok()?))
@@ -247,7 +252,7 @@ impl CounterTimeline {
             .iter()
             .filter(|((_, series), value)| series.starts_with("tocsin_creates_shed_total") && **value > 0.0)
             .map(|((node, series), value)| {
-                let reason = series.split("reason=\"").nth(1).and_then(|r| r.split('"').next()).unwrap_or("?");
+                let reason = label(series, "reason").unwrap_or("?");
                 format!("{node} {reason} {value}")
             })
             .collect();

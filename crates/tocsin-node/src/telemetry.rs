@@ -52,7 +52,7 @@ pub const METRICS: &[(&str, Kind, Unit, &str)] = &[
         "tocsin_create_items_refused_total",
         Kind::Counter,
         Unit::Count,
-        "Items of client CreateTimers calls answered with an error of their own (the call itself OK), by gRPC code",
+        "Items of client batch creates (gRPC CreateTimers, HTTP POST /v1/timers:batch) answered with an error of their own (the call itself OK), by gRPC code",
     ),
     (
         "tocsin_stale_map_refusals_total",
