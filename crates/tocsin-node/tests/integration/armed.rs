@@ -58,31 +58,74 @@ fn webhook_create(id: &str, fire_at_ms: u64, url: &str) -> pb::CreateTimerReques
     }
 }
 
+/// The armed-fire settings both tests use: timers armed 300-250 ms ahead.
+fn armed_config(config: &mut tocsin_node::NodeConfig) {
+    config.firing.arm_ahead_ms = 300;
+    config.firing.arm_step_ms = 50;
+}
+
+/// Creates `timers` in one batch, sending again the items refused with
+/// UNAVAILABLE or RESOURCE_EXHAUSTED after their retry hint, as the client
+/// library does, for up to 5 s; panics on any other refusal.
+async fn create_all(
+    client: &pb::timer_service_client::TimerServiceClient<tonic::transport::Channel>,
+    mut timers: Vec<pb::CreateTimerRequest>,
+) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let created = client
+            .clone()
+            .create_timers(pb::CreateTimersRequest { timers: timers.clone() })
+            .await
+            .expect("creates")
+            .into_inner();
+        assert_eq!(created.results.len(), timers.len(), "one result per item");
+        let mut again = Vec::new();
+        let mut wait_ms = 0;
+        for (result, timer) in created.results.into_iter().zip(timers) {
+            match result.result {
+                Some(pb::create_timer_result::Result::Ok(_)) => {}
+                Some(pb::create_timer_result::Result::Error(e))
+                    if (e.code == "UNAVAILABLE" || e.code == "RESOURCE_EXHAUSTED")
+                        && tokio::time::Instant::now() < deadline =>
+                {
+                    eprintln!("create {}: {} {} (retrying)", timer.id, e.code, e.message);
+                    wait_ms = wait_ms.max(e.retry_after_ms.clamp(10, 1_000));
+                    again.push(timer);
+                }
+                other => panic!("create {}: {other:?}", timer.id),
+            }
+        }
+        if again.is_empty() {
+            return;
+        }
+        timers = again;
+        tokio::time::sleep(Duration::from_millis(wait_ms)).await;
+    }
+}
+
 async fn sleep_until_ms(at_ms: u64) {
     tokio::time::sleep(Duration::from_millis(at_ms.saturating_sub(now_ms()))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cancel_stamped_before_a_late_armed_fire_wins_and_nothing_is_sent() {
-    let cluster = Cluster::start(1, SHARDS, |_, config| {
-        config.firing.arm_ahead_ms = 300;
-        config.firing.arm_step_ms = 50;
-    })
-    .await;
+    let cluster = Cluster::start(1, SHARDS, |_, config| armed_config(config)).await;
     let (url, seen) = receiver().await;
     let client = cluster.timers(0).await;
     let mut staged = 0usize;
-    for round in 0..3 {
+    for round in 0..4 {
         // Phase: timers due together, far enough ahead to arm them later.
         let fire_at = now_ms() + 1_500;
         let ids: Vec<String> = (0..TIMERS).map(|i| format!("r{round}-{i}")).collect();
-        let timers = ids.iter().map(|id| webhook_create(id, fire_at, &url)).collect();
-        let created =
-            client.clone().create_timers(pb::CreateTimersRequest { timers }).await.expect("creates").into_inner();
-        assert!(
-            created.results.iter().all(|r| matches!(r.result, Some(pb::create_timer_result::Result::Ok(_)))),
-            "{created:?}"
-        );
+        create_all(&client, ids.iter().map(|id| webhook_create(id, fire_at, &url)).collect()).await;
+        if now_ms() + 400 > fire_at {
+            // The stall must start before the arming; the creates took too
+            // long for this round to stage anything.
+            eprintln!("round {round}: the creates were answered too late to stage the race; next round");
+            wait_for_live(&seen, &ids.iter().collect(), round).await;
+            continue;
+        }
 
         // Phase: just before the arming (300-250 ms ahead) the writer stalls
         // for 600 ms: the `Fire`s are applied only after the timers' time.
@@ -119,18 +162,8 @@ async fn a_cancel_stamped_before_a_late_armed_fire_wins_and_nothing_is_sent() {
 
         // Phase: every timer not cancelled is delivered, none early; none
         // whose cancel answered CANCELLED ever is.
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
         let must: BTreeSet<&String> = ids.iter().skip(1).step_by(2).collect();
-        loop {
-            let got: BTreeMap<String, u64> = seen.lock().unwrap().iter().cloned().collect();
-            if must.iter().all(|id| got.contains_key(*id)) {
-                break;
-            }
-            assert!(tokio::time::Instant::now() < deadline, "round {round}: not every live timer was delivered");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        // Give a wrongly sent attempt time to arrive.
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        wait_for_live(&seen, &must, round).await;
         for (id, at) in seen.lock().unwrap().iter().filter(|(id, _)| id.starts_with(&format!("r{round}-"))) {
             assert!(*at + 5 >= fire_at, "{id} delivered {} ms early", fire_at - at);
             assert!(!cancelled.contains(id), "{id} was delivered although its cancel answered CANCELLED");
@@ -148,6 +181,21 @@ async fn a_cancel_stamped_before_a_late_armed_fire_wins_and_nothing_is_sent() {
     cluster.shutdown().await;
 }
 
+/// Waits (15 s at most) until every timer in `must` was delivered, then
+/// half a second more for a wrongly sent attempt to arrive.
+async fn wait_for_live(seen: &Mutex<Vec<(String, u64)>>, must: &BTreeSet<&String>, round: usize) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let got: BTreeSet<String> = seen.lock().unwrap().iter().map(|(id, _)| id.clone()).collect();
+        if must.iter().all(|id| got.contains(*id)) {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "round {round}: not every live timer was delivered");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+}
+
 /// A held attempt whose cancel's applied entry never reached the fire loop
 /// (its queue was full: the `events::lose` fault point loses it the same
 /// way) is not sent: the loop sends nothing held while events are lost and
@@ -156,8 +204,7 @@ async fn a_cancel_stamped_before_a_late_armed_fire_wins_and_nothing_is_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_cancel_whose_event_the_fire_loop_lost_still_wins() {
     let cluster = Cluster::start(1, SHARDS, |_, config| {
-        config.firing.arm_ahead_ms = 300;
-        config.firing.arm_step_ms = 50;
+        armed_config(config);
         // A lost event's timers come due again at their attempt's deadline.
         config.delivery.webhook_timeout_ms = 1_000;
     })
@@ -169,12 +216,7 @@ async fn a_cancel_whose_event_the_fire_loop_lost_still_wins() {
     // (300-250 ms ahead) and held by the leader.
     let fire_at = now_ms() + 1_500;
     let ids: Vec<String> = (0..TIMERS).map(|i| format!("lost-{i}")).collect();
-    let timers = ids.iter().map(|id| webhook_create(id, fire_at, &url)).collect();
-    let created = client.clone().create_timers(pb::CreateTimersRequest { timers }).await.expect("creates").into_inner();
-    assert!(
-        created.results.iter().all(|r| matches!(r.result, Some(pb::create_timer_result::Result::Ok(_)))),
-        "{created:?}"
-    );
+    create_all(&client, ids.iter().map(|id| webhook_create(id, fire_at, &url)).collect()).await;
 
     // Phase: a first loss, long before the timers' time: the loop reads the
     // index again at once, and may not again for RESCAN_EVERY (5 s), so the

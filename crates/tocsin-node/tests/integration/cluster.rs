@@ -56,6 +56,16 @@ impl Cluster {
             // refuses unless allowed.
             config.delivery.webhook_allow = vec!["127.0.0.0/8".into()];
             config.auth.mode = tocsin_node::config::AuthMode::Open;
+            // Load shedding off: it is not under test here (the admission's
+            // unit tests take it; the chaos suite counts it), and this
+            // binary's tests run their clusters side by side in one process,
+            // whose load on a busy 2-core CI machine can hold a node's
+            // scheduling lag past its 30 ms bound. A batch of creates had
+            // items refused on CI (2026-12-03; the log cut the reason).
+            config.admission.shed_creates_after_ms = 0;
+            config.admission.shed_creates_lag_ms = 0;
+            config.admission.shed_creates_fire_behind_ms = 0;
+            config.admission.shed_creates_delivery_behind_ms = 0;
             tune(i, &mut config);
             async move { Node::start(config, None).await.expect("node starts") }
         });
