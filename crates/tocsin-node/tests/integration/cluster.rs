@@ -57,11 +57,13 @@ impl Cluster {
             config.delivery.webhook_allow = vec!["127.0.0.0/8".into()];
             config.auth.mode = tocsin_node::config::AuthMode::Open;
             // Load shedding off: it is not under test here (the admission's
-            // unit tests take it; the chaos suite counts it), and this
-            // binary's tests run their clusters side by side in one process,
-            // whose load on a busy 2-core CI machine can hold a node's
-            // scheduling lag past its 30 ms bound. A batch of creates had
-            // items refused on CI (2026-12-03; the log cut the reason).
+            // unit tests take it; the chaos suite counts it), and these
+            // tests stall the store or the network on purpose. The armed
+            // test's 600 ms writer stall holds its pushes past
+            // `shed_creates_delivery_behind_ms` (300 ms); its namespace is
+            // then let in at 0.7x the few dozen sends it made a second, and
+            // the next round's batch of 80 creates had items refused on CI
+            // (2026-12-03).
             config.admission.shed_creates_after_ms = 0;
             config.admission.shed_creates_lag_ms = 0;
             config.admission.shed_creates_fire_behind_ms = 0;
