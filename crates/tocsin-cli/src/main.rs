@@ -2,8 +2,10 @@
 //! (`lib.rs`), so that cargo compiles it as soon as `tocsin-node`'s metadata
 //! is ready, in parallel with `tocsin-node`'s code generation, rather than
 //! after it: a binary waits for its dependencies' whole build, a library
-//! only for their metadata. That overlap is about a minute of a cold
-//! build's single-crate tail (BENCHMARKS.md, "The cold build").
+//! only for their metadata. The overlap shortened a cold build's tail
+//! after RocksDB from 222 to 214 s (BENCHMARKS.md, "The cold build"): the
+//! two cores are busy either way, but no longer wait on one crate's
+//! single-threaded front end.
 
 /// mimalloc instead of glibc's malloc: a node allocates and frees small
 /// buffers on every request, entry and message across a dozen threads, and
