@@ -108,7 +108,9 @@ async fn three_nodes_replicate_and_forward_over_their_peer_ports() {
     for i in 0..40 {
         let mut req = tocsin_client::webhook_timer("peers", &format!("t-{i}"), 0, &receiver.url);
         req.fire_time = Some(pb::create_timer_request::FireTime::FireAtMs(now + 1_500));
-        let resp = clients[i % 3].create_timer(req).await.expect("created, here or at the leader");
+        let resp = crate::support::create_retrying_unavailable(&mut clients[i % 3], req)
+            .await
+            .expect("created, here or at the leader");
         if resp.metadata().get("x-tocsin-leader").is_some() {
             forwarded += 1;
         }

@@ -103,7 +103,9 @@ async fn nodes_speak_mtls_and_the_peer_port_refuses_strangers_and_forgeries() {
     for i in 0..30 {
         let mut req = tocsin_client::webhook_timer("tls", &format!("t-{i}"), 0, &receiver.url);
         req.fire_time = Some(pb::create_timer_request::FireTime::FireAtMs(now + 1_500));
-        let resp = clients[i % 3].create_timer(req).await.expect("created over TLS between nodes");
+        let resp = crate::support::create_retrying_unavailable(&mut clients[i % 3], req)
+            .await
+            .expect("created over TLS between nodes");
         if resp.metadata().get("x-tocsin-leader").is_some() {
             forwarded += 1;
         }

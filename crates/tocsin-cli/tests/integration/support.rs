@@ -333,6 +333,26 @@ pub async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -
     }
 }
 
+/// Creates through a plain (not shard-aware) gRPC client, retrying an
+/// UNAVAILABLE for up to 4 s as a client must: a shard's leadership can
+/// move while a test runs (the start-up balancing hands leaders from node 1
+/// to nodes 2 and 3), and a create that reaches a node just as it stops
+/// leading is refused with a retry hint. The timer's id makes a retry safe.
+pub async fn create_retrying_unavailable(
+    client: &mut tocsin_client::v1::timer_service_client::TimerServiceClient<tonic::transport::Channel>,
+    req: tocsin_client::v1::CreateTimerRequest,
+) -> Result<tonic::Response<tocsin_client::v1::CreateTimerResponse>, tonic::Status> {
+    let until = Instant::now() + Duration::from_secs(4);
+    loop {
+        match client.create_timer(req.clone()).await {
+            Err(status) if status.code() == tonic::Code::Unavailable && Instant::now() < until => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 pub fn percentiles(mut v: Vec<u64>) -> String {
     if v.is_empty() {
         return "no samples".into();
