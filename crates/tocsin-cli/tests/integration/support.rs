@@ -337,7 +337,10 @@ pub async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -
 /// UNAVAILABLE for up to 4 s as a client must: a shard's leadership can
 /// move while a test runs (the start-up balancing hands leaders from node 1
 /// to nodes 2 and 3), and a create that reaches a node just as it stops
-/// leading is refused with a retry hint. The timer's id makes a retry safe.
+/// leading is refused with a retry hint, which this waits out (10 ms at
+/// least, for an answer without one). The timer's id makes a retry safe.
+/// Not the shard-aware client, which retries by itself: these tests send
+/// through a chosen node to see it forward.
 pub async fn create_retrying_unavailable(
     client: &mut tocsin_client::v1::timer_service_client::TimerServiceClient<tonic::transport::Channel>,
     req: tocsin_client::v1::CreateTimerRequest,
@@ -346,7 +349,8 @@ pub async fn create_retrying_unavailable(
     loop {
         match client.create_timer(req.clone()).await {
             Err(status) if status.code() == tonic::Code::Unavailable && Instant::now() < until => {
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                let hint_ms = tocsin_contract::codes::info_of(&status).retry_after_ms;
+                tokio::time::sleep(Duration::from_millis(hint_ms.max(10))).await;
             }
             other => return other,
         }
