@@ -8,7 +8,7 @@
 # precompiled headers cut clang's CPU time by 30% (31.5 → 22.2 s), and a
 # cold build from 1,304 to 1,119 s; the code is the same: `verify.sh`
 # (which sets TOCSIN_PCH_VERIFY) compiled each of RocksDB's 342 files with
-# and without them and every section's disassembly compared equal
+# and without them and every code section's disassembly compared equal
 # (BENCHMARKS.md, "The cold build").
 #
 # How: a compile of a RocksDB source file (`rocksdb/*.cc` relative to the
