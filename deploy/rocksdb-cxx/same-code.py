@@ -2,11 +2,11 @@
 """Whether two object files hold the same code: every code section's
 disassembly, with relocations, compared by section name (`objdump -d`
 disassembles only code; data sections such as string literals are not
-compared). Local label numbers
-(`.L.str.25` against `.L.str.26`) and objdump's guesses at the symbol
-nearest an address are left out: they number string literals in the order
-the compiler met them, which precompiled headers change. Exit 0: the same;
-1: not, with the first differing sections named."""
+compared). Local label numbers (`.L.str.25` against `.L.str.26`) and
+objdump's guesses at the symbol nearest an address are left out: they
+number string literals in the order the compiler met them, which
+precompiled headers change. Exit 0: the same; 1: not, with the first
+differing sections named."""
 
 import re
 import subprocess

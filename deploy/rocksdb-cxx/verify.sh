@@ -4,8 +4,8 @@
 # evidence that precompiling changes the build's time and not its output.
 # Builds `librocksdb-sys` alone into a target directory of its own (each
 # file compiled twice: 17 min 37 s on two cores on 2026-12-06, 342 of 342
-# files the same) and prints a line per file that differs and the count. Exit 0 only if every file is the
-# same.
+# files the same) and prints a line per file that differs and the count.
+# Exit 0 only if every file is the same.
 #
 #   bash deploy/rocksdb-cxx/verify.sh [target-dir]
 set -euo pipefail
