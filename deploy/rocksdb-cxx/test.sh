@@ -12,7 +12,7 @@
 #      succeeds, without it, with a warning, and marks it failed;
 #   4. later compiles skip it without trying it again.
 #
-# Each step checks the object file was written. About 20 s on two cores.
+# Each step checks the object file was written. About 5 s on two cores.
 #
 #   bash deploy/rocksdb-cxx/test.sh
 set -euo pipefail
@@ -39,8 +39,8 @@ make_clone() {
 }
 fail() { echo "rocksdb-cxx test: FAILED: $*" >&2; exit 1; }
 
-# The flags cc gives RocksDB's files (build.rs of librocksdb-sys), at -O0:
-# the test is about the precompiled header, not the optimiser.
+# A subset of the flags cc gives RocksDB's files (librocksdb-sys's build.rs),
+# at -O0: the test is about the precompiled header, not the optimiser.
 src="rocksdb/util/status.cc"
 compile() { # $1: step name; writes $tmp/$1.o and $tmp/$1.err
   (cd "$crate" && "$clone/clang++.sh" -O0 -fPIC -m64 -std=c++20 \
