@@ -18,11 +18,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo="$PWD"
-crate="$(cargo metadata --format-version 1 --locked --offline 2>/dev/null \
-  | python3 -c 'import json, sys, os
+# Only the host's packages: the build fetched those and no others, and
+# without the filter an offline `cargo metadata` wants every platform's
+# (android_system_properties, windows-sys …) and fails on a fresh machine.
+host="$(rustc -vV | sed -n 's/^host: //p')"
+meta="$(cargo metadata --format-version 1 --locked --offline --filter-platform "$host")" \
+  || { echo "rocksdb-cxx test: cargo metadata failed (above)" >&2; exit 1; }
+crate="$(python3 -c 'import json, sys, os
 for p in json.load(sys.stdin)["packages"]:
     if p["name"] == "librocksdb-sys":
-        print(os.path.dirname(p["manifest_path"]))')"
+        print(os.path.dirname(p["manifest_path"]))' <<<"$meta")"
 [[ -d "$crate/rocksdb" ]] || { echo "rocksdb-cxx test: librocksdb-sys's source not found (run cargo fetch)" >&2; exit 1; }
 
 tmp="$(mktemp -d)"
