@@ -4,8 +4,9 @@
 //!   creates at a given concurrency;
 //! - `fire`: a steady rate of timers due a little later, some cancelled,
 //!   received by an embedded `tocsin sink`; reports fire lateness;
-//! - `burst`: a "thundering second" of pull timers all due in the same
-//!   second, drained by a pull consumer.
+//! - `burst`: a "thundering second" of timers all due in the same second:
+//!   pull timers drained by a pull consumer, or (`--webhook`) webhook
+//!   timers received by an embedded `tocsin sink`.
 //!
 //! Each reports what it measured in a plain table; long runs show progress.
 
@@ -136,7 +137,9 @@ pub enum BenchCommand {
         #[arg(long)]
         quiet: bool,
     },
-    /// Many pull timers due in the same second, drained by a consumer.
+    /// Many timers due in the same second: pull timers drained by a
+    /// consumer, or with `--webhook` webhook timers received by an embedded
+    /// sink.
     Burst {
         #[command(flatten)]
         common: Common,
@@ -150,6 +153,18 @@ pub enum BenchCommand {
         /// Deliveries per stream message.
         #[arg(long, default_value_t = 500)]
         max_batch: u32,
+        /// Webhook timers calling an embedded sink instead of pull timers
+        /// (`--topic` and `--max-batch` are then not used). The drain waits
+        /// up to 60 s plus 1 s per 5,000 timers after the second begins.
+        #[arg(long)]
+        webhook: bool,
+        /// Address the embedded sink listens on (the node must reach it).
+        #[arg(long, default_value = "127.0.0.1:0")]
+        sink: String,
+        /// The `host:port` nodes should call back, when it differs from the
+        /// listen address.
+        #[arg(long)]
+        sink_advertise: Option<String>,
     },
 }
 
@@ -191,8 +206,13 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
         BenchCommand::Fire { common, rate, seconds, delay_ms, cancel_fraction, sink, sink_advertise } => {
             fire(common, rate, seconds, delay_ms, cancel_fraction, sink, sink_advertise).await
         }
-        BenchCommand::Burst { common, count, lead_ms, topic, max_batch } => {
-            burst(common, count, lead_ms, topic, max_batch).await
+        BenchCommand::Burst { common, count, lead_ms, topic, max_batch, webhook, sink, sink_advertise } => {
+            let callback = if webhook {
+                BurstCallback::Webhook { sink, sink_advertise }
+            } else {
+                BurstCallback::Pull { topic, max_batch }
+            };
+            burst(common, count, lead_ms, callback).await
         }
         BenchCommand::Restart { data, pending, batch, concurrency, payload_bytes, skip_preload, quiet } => {
             restart(data, pending, batch, concurrency, payload_bytes, skip_preload, quiet).await
@@ -283,21 +303,19 @@ struct FireStats {
     duplicates: u64,
     stale: u64,
     early: u64,
-    /// Deliveries of timers whose cancel was acknowledged.
+    /// Ids of the timers delivered and accepted at least once.
     seen: std::collections::HashSet<String>,
+    /// When the latest first accepted delivery arrived (Unix ms).
+    last_recv_ms: u64,
 }
 
-async fn fire(
-    common: Common,
-    rate: u64,
-    seconds: u64,
-    delay_ms: u64,
-    cancel_fraction: f64,
-    sink_addr: String,
+/// Starts an embedded `tocsin sink` on `sink_addr` whose accepted
+/// deliveries are counted into the returned stats; returns them and the URL
+/// nodes should call (`sink_advertise` when given).
+async fn start_sink(
+    sink_addr: &str,
     sink_advertise: Option<String>,
-) -> anyhow::Result<ExitCode> {
-    let client = common.connect().await.context("connecting")?;
-    let run = common.run_id();
+) -> anyhow::Result<(Arc<Mutex<FireStats>>, String)> {
     let stats = Arc::new(Mutex::new(FireStats { lateness: Some(Histogram::new(3)?), ..Default::default() }));
     let tap_stats = stats.clone();
     let tap: Box<dyn Fn(&sink::Received) + Send> = Box::new(move |r| {
@@ -309,7 +327,9 @@ async fn fire(
                     s.early += 1;
                 }
                 s.lateness.as_mut().expect("histogram").record(r.recv_ms.saturating_sub(r.fire_at_ms)).ok();
-                s.seen.insert(r.id.clone());
+                if s.seen.insert(r.id.clone()) {
+                    s.last_recv_ms = s.last_recv_ms.max(r.recv_ms);
+                }
             }
             tocsin_contract::Verdict::Duplicate => s.duplicates += 1,
             tocsin_contract::Verdict::RejectedStale => s.stale += 1,
@@ -324,7 +344,7 @@ async fn fire(
         }
     });
     let fence = sink::Fence::new(None, Box::new(std::io::sink()), Some(tap));
-    let listener = tokio::net::TcpListener::bind(&sink_addr).await?;
+    let listener = tokio::net::TcpListener::bind(sink_addr).await?;
     let url = match sink_advertise {
         Some(advertised) => format!("http://{advertised}/hook"),
         None => format!("http://{}/hook", listener.local_addr()?),
@@ -338,6 +358,21 @@ async fn fire(
         )
         .await
     });
+    Ok((stats, url))
+}
+
+async fn fire(
+    common: Common,
+    rate: u64,
+    seconds: u64,
+    delay_ms: u64,
+    cancel_fraction: f64,
+    sink_addr: String,
+    sink_advertise: Option<String>,
+) -> anyhow::Result<ExitCode> {
+    let client = common.connect().await.context("connecting")?;
+    let run = common.run_id();
+    let (stats, url) = start_sink(&sink_addr, sink_advertise).await?;
 
     let total = rate * seconds;
     let progress = bar(common.quiet, total, "create");
@@ -438,10 +473,40 @@ async fn fire(
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
-async fn burst(common: Common, count: u64, lead_ms: u64, topic: String, max_batch: u32) -> anyhow::Result<ExitCode> {
+/// What a burst's timers call when they fire.
+enum BurstCallback {
+    /// Pull timers on `topic`, drained by one consumer taking `max_batch`
+    /// deliveries per stream message.
+    Pull { topic: String, max_batch: u32 },
+    /// Webhook timers calling an embedded sink.
+    Webhook { sink: String, sink_advertise: Option<String> },
+}
+
+/// A burst's callback once its sink (if any) listens.
+enum BurstTarget {
+    Pull {
+        topic: String,
+        max_batch: u32,
+    },
+    /// The sink's URL and what it has accepted.
+    Webhook {
+        url: String,
+        stats: Arc<Mutex<FireStats>>,
+    },
+}
+
+async fn burst(common: Common, count: u64, lead_ms: u64, callback: BurstCallback) -> anyhow::Result<ExitCode> {
     let client = common.connect().await.context("connecting")?;
     let run = common.run_id();
-    // Phase: preload `count` pull timers due within one second, starting well
+    // The sink listens before the first create names it.
+    let target = match callback {
+        BurstCallback::Pull { topic, max_batch } => BurstTarget::Pull { topic, max_batch },
+        BurstCallback::Webhook { sink, sink_advertise } => {
+            let (stats, url) = start_sink(&sink, sink_advertise).await?;
+            BurstTarget::Webhook { url, stats }
+        }
+    };
+    // Phase: preload `count` timers due within one second, starting well
     // after the creates finish.
     let estimate_ms = count / 20 + 2_000;
     let second_start = now_ms() + estimate_ms + lead_ms;
@@ -453,12 +518,17 @@ async fn burst(common: Common, count: u64, lead_ms: u64, topic: String, max_batc
         let n = 1000.min(count - i);
         let reqs: Vec<pb::CreateTimerRequest> = (i..i + n)
             .map(|j| {
-                let mut req = tocsin_client::pull_timer(
-                    &common.namespace,
-                    &format!("{run}-{j}"),
-                    second_start + (j * 1000 / count),
-                    &topic,
-                );
+                let (id, fire_at_ms) = (format!("{run}-{j}"), second_start + (j * 1000 / count));
+                let mut req = match &target {
+                    BurstTarget::Pull { topic, .. } => {
+                        tocsin_client::pull_timer(&common.namespace, &id, fire_at_ms, topic)
+                    }
+                    BurstTarget::Webhook { url, .. } => {
+                        let mut req = tocsin_client::webhook_timer(&common.namespace, &id, 0, url);
+                        req.fire_time = Some(pb::create_timer_request::FireTime::FireAtMs(fire_at_ms));
+                        req
+                    }
+                };
                 req.payload = payload(common.payload_bytes);
                 req
             })
@@ -481,8 +551,18 @@ async fn burst(common: Common, count: u64, lead_ms: u64, topic: String, max_batc
     }
     progress.finish_and_clear();
     let create_secs = started.elapsed().as_secs_f64();
-    println!("created {count} pull timers in {create_secs:.1} s ({:.0}/s)", count as f64 / create_secs);
+    let kind = match target {
+        BurstTarget::Pull { .. } => "pull",
+        BurstTarget::Webhook { .. } => "webhook",
+    };
+    println!("created {count} {kind} timers in {create_secs:.1} s ({:.0}/s)", count as f64 / create_secs);
     anyhow::ensure!(now_ms() < second_start, "creating took longer than planned; use a larger --lead-ms");
+    let (topic, max_batch) = match target {
+        BurstTarget::Pull { topic, max_batch } => (topic, max_batch),
+        BurstTarget::Webhook { stats, .. } => {
+            return burst_webhook_drain(&run, count, second_start, &stats, common.quiet).await;
+        }
+    };
 
     // Phase: consume.
     let mut rx = client
@@ -549,6 +629,40 @@ async fn burst(common: Common, count: u64, lead_ms: u64, topic: String, max_batc
     );
     percentiles("lateness (receive − fire time)", &lateness, "ms");
     Ok(if seen.len() as u64 == count && early == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+}
+
+/// Waits until the sink has accepted every timer of the webhook burst
+/// `run` (or 60 s plus 1 s per 5,000 timers after the second began) and
+/// reports it in the pull drain's terms.
+async fn burst_webhook_drain(
+    run: &str,
+    count: u64,
+    second_start: u64,
+    stats: &Mutex<FireStats>,
+    quiet: bool,
+) -> anyhow::Result<ExitCode> {
+    let ours = format!("{run}-");
+    let delivered = |s: &FireStats| s.seen.iter().filter(|id| id.starts_with(&ours)).count() as u64;
+    let drain = bar(quiet, count, "drain");
+    let limit_ms = 60_000 + count / 5;
+    while now_ms() < second_start + limit_ms {
+        let n = delivered(&stats.lock().expect("lock"));
+        drain.set_position(n);
+        if n >= count {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drain.finish_and_clear();
+    let s = stats.lock().expect("lock");
+    let n = delivered(&s);
+    let drained_s = s.last_recv_ms.saturating_sub(second_start) as f64 / 1000.0;
+    println!(
+        "{n} of {count} delivered; the last {drained_s:.2} s after the burst second began; early {}; duplicates {}; stale rejected {}",
+        s.early, s.duplicates, s.stale
+    );
+    percentiles("lateness (receive − fire time)", s.lateness.as_ref().expect("histogram"), "ms");
+    Ok(if n == count && s.early == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
 /// A `tocsin serve` child process of this same binary.

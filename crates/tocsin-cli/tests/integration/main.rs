@@ -4,6 +4,7 @@
 mod amqp;
 mod auth;
 mod bad_input;
+mod bench_burst;
 mod bench_restart;
 mod client_tls;
 mod clock;
