@@ -380,6 +380,60 @@ pub fn first_fire_new_leader(deliveries: &[&Delivery], shard: u32, start_ms: u64
     accepted().filter(|d| d.recv_ms >= start_ms && d.epoch > before).map(|d| d.recv_ms - start_ms).min()
 }
 
+/// What a node logs as it takes up or gives up a shard's leadership
+/// (`tocsin-node`'s `shard/leader.rs`), in the order a failover goes.
+const LEADERSHIP_MESSAGES: [&str; 9] = [
+    "stopped leading shard",
+    "deposed by a newer epoch",
+    "elected; committing a leader epoch",
+    "leader epoch refused",
+    "cannot reach a quorum; its leader epoch waits",
+    "proposing the leader epoch failed",
+    "gave up committing a leader epoch",
+    "leading shard",
+    "first fire batch",
+];
+
+/// From a node's text log, its lines about `shard`'s leadership logged at
+/// or after `since_ms`, each with its time (Unix ms) and the line without
+/// its timestamp and level. A failover whose first fire comes late shows
+/// here where the time went: the election, the epoch's commit, or the
+/// first fire batch.
+pub fn leadership_lines(log: &str, shard: u32, since_ms: u64) -> Vec<(u64, String)> {
+    let field = format!("shard={shard}");
+    log.lines()
+        .filter(|line| line.split_whitespace().any(|w| w == field))
+        .filter(|line| LEADERSHIP_MESSAGES.iter().any(|m| line.contains(m)))
+        .filter_map(|line| {
+            let (stamp, rest) = line.split_once(' ')?;
+            let at_ms = rfc3339_utc_ms(stamp)?;
+            let rest = rest.trim_start();
+            let rest = rest.split_once(' ').map_or(rest, |(_level, msg)| msg.trim_start());
+            (at_ms >= since_ms).then(|| (at_ms, rest.to_string()))
+        })
+        .collect()
+}
+
+/// `2026-12-07T07:04:02.123456Z` as Unix ms (UTC only, as the nodes log).
+fn rfc3339_utc_ms(stamp: &str) -> Option<u64> {
+    let stamp = stamp.strip_suffix('Z')?;
+    let (date, time) = stamp.split_once('T')?;
+    let mut d = date.splitn(3, '-').map(|p| p.parse::<i64>().ok());
+    let (y, m, day) = (d.next()??, d.next()??, d.next()??);
+    let (hms, frac) = time.split_once('.').unwrap_or((time, "0"));
+    let mut t = hms.splitn(3, ':').map(|p| p.parse::<i64>().ok());
+    let (hh, mm, ss) = (t.next()??, t.next()??, t.next()??);
+    let ms: i64 = format!("{frac:0<3}").get(..3)?.parse().ok()?;
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let y = if m <= 2 { y - 1 } else { y };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * ((m + 9) % 12) + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    u64::try_from(((days * 24 + hh) * 60 + mm) * 60_000 + ss * 1000 + ms).ok()
+}
+
 /// The lateness of the timers due in each labelled phase. `phases` holds
 /// (start ms, label) in time order; a phase lasts until the next one starts
 /// (the last one until the end of the samples), and phases that share a
@@ -576,6 +630,33 @@ mod tests {
             ],
         );
         assert_eq!((r.cancelled_in_flight_excused, r.cancelled_then_delivered), (0, 1));
+    }
+
+    #[test]
+    fn a_nodes_leadership_lines_come_with_their_time_after_the_fault() {
+        assert_eq!(rfc3339_utc_ms("1970-01-01T00:00:01.5Z"), Some(1_500));
+        assert_eq!(rfc3339_utc_ms("2026-12-07T07:04:02.123456Z"), Some(1_796_627_042_123));
+        assert_eq!(rfc3339_utc_ms("2024-02-29T00:00:00Z"), Some(1_709_164_800_000));
+        assert_eq!(rfc3339_utc_ms("not a time"), None);
+        let log = "\
+2026-12-07T07:04:01.000000Z  INFO elected; committing a leader epoch shard=0
+2026-12-07T07:04:02.100000Z  INFO elected; committing a leader epoch shard=0
+2026-12-07T07:04:02.100500Z  INFO elected; committing a leader epoch shard=10
+2026-12-07T07:04:02.110000Z  INFO applied something shard=0
+2026-12-07T07:04:02.350000Z  INFO leading shard shard=0 epoch=41 epoch_ms=250
+2026-12-07T07:04:02.400000Z  INFO first fire batch shard=0 epoch=41 ms_since_leading=50
+garbage shard=0 leading shard";
+        let since = rfc3339_utc_ms("2026-12-07T07:04:02Z").unwrap();
+        let lines = leadership_lines(log, 0, since);
+        let got: Vec<(u64, &str)> = lines.iter().map(|(at, l)| (at - since, l.as_str())).collect();
+        assert_eq!(
+            got,
+            vec![
+                (100, "elected; committing a leader epoch shard=0"),
+                (350, "leading shard shard=0 epoch=41 epoch_ms=250"),
+                (400, "first fire batch shard=0 epoch=41 ms_since_leading=50"),
+            ]
+        );
     }
 
     #[test]

@@ -383,6 +383,26 @@ impl Cluster {
         node.spawn(&tocsin)
     }
 
+    /// Every node's log lines about `shard`'s leadership from `since_ms`
+    /// to `until_ms`, in time order, each as (Unix ms, node id, line).
+    pub fn leadership_lines(&self, shard: u32, since_ms: u64, until_ms: u64) -> Vec<(u64, u64, String)> {
+        let mut lines: Vec<(u64, u64, String)> = self
+            .nodes
+            .iter()
+            .flat_map(|n| {
+                let log = std::fs::read_to_string(&n.log).unwrap_or_default();
+                crate::check::leadership_lines(&log, shard, since_ms)
+                    .into_iter()
+                    .filter(|(at, _)| *at <= until_ms)
+                    .map(|(at, line)| (at, n.id, line))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        // By time only: a node's lines of one millisecond keep its log's order.
+        lines.sort_by_key(|(at, _, _)| *at);
+        lines
+    }
+
     pub fn logs(&self) -> String {
         self.nodes.iter().map(|n| format!("--- node {} ---\n{}", n.id, tail(&n.log, 40))).collect::<Vec<_>>().join("\n")
     }

@@ -245,4 +245,7 @@ fn print_figures(r: &Report, live: &Live) {
     if let Some(ms) = r.first_fire_new_leader_ms {
         println!("    failover: shard 0's new leader's first fire arrived {ms} ms after the fault");
     }
+    for line in &live.leadership {
+        println!("      {line}");
+    }
 }

@@ -85,6 +85,9 @@ pub struct Live {
     pub failover_ms: Option<u64>,
     /// Milliseconds from healing until nothing that must fire was missing.
     pub drained_after_heal_ms: Option<u64>,
+    /// After a failover: shard 0's leadership lines from the nodes' logs in
+    /// the 10 s from the fault, as "+ms nN: line".
+    pub leadership: Vec<String>,
 }
 
 /// One fault scenario.
@@ -314,6 +317,14 @@ async fn drive(scenario: &dyn Scenario, run: &mut Run) -> anyhow::Result<(Report
         show_lost(run, &report.lost_examples).await;
     }
     report.leaders_after_heal_ms = leaders_ms;
+    if run.live.failover_ms.is_some() {
+        run.live.leadership = run
+            .cluster
+            .leadership_lines(0, fault_start_ms, fault_start_ms + 10_000)
+            .into_iter()
+            .map(|(at, node, line)| format!("+{} ms n{node}: {line}", at - fault_start_ms))
+            .collect();
+    }
     report.digests_equal = Some(digests_agree(&run.seeds, shards).await?);
     if let Some(first) = run.phases.first() {
         let timeline: Vec<String> =

@@ -207,12 +207,17 @@ pub async fn run(cmd: BenchCommand) -> anyhow::Result<ExitCode> {
             fire(common, rate, seconds, delay_ms, cancel_fraction, sink, sink_advertise).await
         }
         BenchCommand::Burst { common, count, lead_ms, topic, max_batch, webhook, sink, sink_advertise } => {
-            let callback = if webhook {
-                BurstCallback::Webhook { sink, sink_advertise }
+            let run = common.run_id();
+            let target = if webhook {
+                // The sink listens before the first create names it, and
+                // counts only this run's timers: an earlier run's webhook
+                // timers may still be retrying against the same address.
+                let (stats, url) = start_sink(&sink, sink_advertise, Some(format!("{run}-"))).await?;
+                BurstTarget::Webhook { url, stats }
             } else {
-                BurstCallback::Pull { topic, max_batch }
+                BurstTarget::Pull { topic, max_batch }
             };
-            burst(common, count, lead_ms, callback).await
+            burst(common, run, count, lead_ms, target).await
         }
         BenchCommand::Restart { data, pending, batch, concurrency, payload_bytes, skip_preload, quiet } => {
             restart(data, pending, batch, concurrency, payload_bytes, skip_preload, quiet).await
@@ -307,6 +312,10 @@ struct FireStats {
     seen: std::collections::HashSet<String>,
     /// When the latest first accepted delivery arrived (Unix ms).
     last_recv_ms: u64,
+    /// When set, only deliveries of ids with this prefix are recorded; the
+    /// others are counted in `foreign` and nowhere else.
+    only_prefix: Option<String>,
+    foreign: u64,
 }
 
 /// Starts an embedded `tocsin sink` on `sink_addr` whose accepted
@@ -315,11 +324,17 @@ struct FireStats {
 async fn start_sink(
     sink_addr: &str,
     sink_advertise: Option<String>,
+    only_prefix: Option<String>,
 ) -> anyhow::Result<(Arc<Mutex<FireStats>>, String)> {
-    let stats = Arc::new(Mutex::new(FireStats { lateness: Some(Histogram::new(3)?), ..Default::default() }));
+    let stats =
+        Arc::new(Mutex::new(FireStats { lateness: Some(Histogram::new(3)?), only_prefix, ..Default::default() }));
     let tap_stats = stats.clone();
     let tap: Box<dyn Fn(&sink::Received) + Send> = Box::new(move |r| {
         let mut s = tap_stats.lock().expect("stats lock");
+        if s.only_prefix.as_ref().is_some_and(|p| !r.id.starts_with(p.as_str())) {
+            s.foreign += 1;
+            return;
+        }
         match r.verdict {
             tocsin_contract::Verdict::Accepted => {
                 s.accepted += 1;
@@ -372,7 +387,7 @@ async fn fire(
 ) -> anyhow::Result<ExitCode> {
     let client = common.connect().await.context("connecting")?;
     let run = common.run_id();
-    let (stats, url) = start_sink(&sink_addr, sink_advertise).await?;
+    let (stats, url) = start_sink(&sink_addr, sink_advertise, None).await?;
 
     let total = rate * seconds;
     let progress = bar(common.quiet, total, "create");
@@ -473,39 +488,17 @@ async fn fire(
     Ok(if ok { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
-/// What a burst's timers call when they fire.
-enum BurstCallback {
+/// What a burst's timers call when they fire, once its sink (if any) listens.
+enum BurstTarget {
     /// Pull timers on `topic`, drained by one consumer taking `max_batch`
     /// deliveries per stream message.
     Pull { topic: String, max_batch: u32 },
-    /// Webhook timers calling an embedded sink.
-    Webhook { sink: String, sink_advertise: Option<String> },
-}
-
-/// A burst's callback once its sink (if any) listens.
-enum BurstTarget {
-    Pull {
-        topic: String,
-        max_batch: u32,
-    },
     /// The sink's URL and what it has accepted.
-    Webhook {
-        url: String,
-        stats: Arc<Mutex<FireStats>>,
-    },
+    Webhook { url: String, stats: Arc<Mutex<FireStats>> },
 }
 
-async fn burst(common: Common, count: u64, lead_ms: u64, callback: BurstCallback) -> anyhow::Result<ExitCode> {
+async fn burst(common: Common, run: String, count: u64, lead_ms: u64, target: BurstTarget) -> anyhow::Result<ExitCode> {
     let client = common.connect().await.context("connecting")?;
-    let run = common.run_id();
-    // The sink listens before the first create names it.
-    let target = match callback {
-        BurstCallback::Pull { topic, max_batch } => BurstTarget::Pull { topic, max_batch },
-        BurstCallback::Webhook { sink, sink_advertise } => {
-            let (stats, url) = start_sink(&sink, sink_advertise).await?;
-            BurstTarget::Webhook { url, stats }
-        }
-    };
     // Phase: preload `count` timers due within one second, starting well
     // after the creates finish.
     let estimate_ms = count / 20 + 2_000;
@@ -560,7 +553,7 @@ async fn burst(common: Common, count: u64, lead_ms: u64, callback: BurstCallback
     let (topic, max_batch) = match target {
         BurstTarget::Pull { topic, max_batch } => (topic, max_batch),
         BurstTarget::Webhook { stats, .. } => {
-            return burst_webhook_drain(&run, count, second_start, &stats, common.quiet).await;
+            return burst_webhook_drain(count, second_start, &stats, common.quiet).await;
         }
     };
 
@@ -631,18 +624,17 @@ async fn burst(common: Common, count: u64, lead_ms: u64, callback: BurstCallback
     Ok(if seen.len() as u64 == count && early == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })
 }
 
-/// Waits until the sink has accepted every timer of the webhook burst
-/// `run` (or 60 s plus 1 s per 5,000 timers after the second began) and
-/// reports it in the pull drain's terms.
+/// Waits until the sink has accepted every timer of the webhook burst (or
+/// 60 s plus 1 s per 5,000 timers after the second began) and reports it in
+/// the pull drain's terms. The sink records only this run's timers, so its
+/// `seen` is the count.
 async fn burst_webhook_drain(
-    run: &str,
     count: u64,
     second_start: u64,
     stats: &Mutex<FireStats>,
     quiet: bool,
 ) -> anyhow::Result<ExitCode> {
-    let ours = format!("{run}-");
-    let delivered = |s: &FireStats| s.seen.iter().filter(|id| id.starts_with(&ours)).count() as u64;
+    let delivered = |s: &FireStats| s.seen.len() as u64;
     let drain = bar(quiet, count, "drain");
     let limit_ms = 60_000 + count / 5;
     while now_ms() < second_start + limit_ms {
@@ -658,8 +650,9 @@ async fn burst_webhook_drain(
     let n = delivered(&s);
     let drained_s = s.last_recv_ms.saturating_sub(second_start) as f64 / 1000.0;
     println!(
-        "{n} of {count} delivered; the last {drained_s:.2} s after the burst second began; early {}; duplicates {}; stale rejected {}",
-        s.early, s.duplicates, s.stale
+        "{n} of {count} delivered; the last {drained_s:.2} s after the burst second began; early {}; duplicates {}; stale rejected {}; \
+         {} deliveries of earlier runs accepted and not counted",
+        s.early, s.duplicates, s.stale, s.foreign
     );
     percentiles("lateness (receive − fire time)", s.lateness.as_ref().expect("histogram"), "ms");
     Ok(if n == count && s.early == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE })

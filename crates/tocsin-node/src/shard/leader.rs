@@ -66,6 +66,14 @@ use crate::shard::proposer::ProposeError;
 
 /// Fire batches proposed and not yet answered, per shard.
 const MAX_FIRE_BATCHES_IN_FLIGHT: usize = 4;
+/// Tries of a leader epoch that failed other than by the two refusals
+/// [`establish`] waits out.
+const EPOCH_TRIES: u32 = 20;
+/// How long a new leader keeps proposing its epoch while openraft refuses
+/// it without naming a leader (the lease not yet confirmed): far past the
+/// lease's first heartbeat round; bounded so that a refusal that never
+/// ends still starts the task afresh.
+const EPOCH_REFUSED_PATIENCE: Duration = Duration::from_secs(2);
 /// How often the loop looks when nothing wakes it (loads the window
 /// forward, purges, publishes gauges).
 const TICK: Duration = Duration::from_millis(500);
@@ -161,11 +169,14 @@ async fn run(ctx: Arc<ShardCtx>, dispatcher: Arc<Dispatcher>) {
     let events = ctx.events.attach();
     let _guard = Guard { ctx: ctx.clone(), generation: events.generation };
     tracing::info!(shard = ctx.shard, "elected; committing a leader epoch");
+    let elected_ms = ctx.clock.now_ms();
     // Before the epoch entry is proposed: what this node stamped before is
     // applied (or truncated) ahead of that entry (`StampFence`).
     ctx.proposer.new_leadership();
     let Some(epoch) = establish(&ctx).await else { return };
-    tracing::info!(shard = ctx.shard, epoch, "leading shard");
+    // How long the epoch took is logged because a failover's first fire
+    // waits for it (the chaos suite prints these lines of the new leader).
+    tracing::info!(shard = ctx.shard, epoch, epoch_ms = ctx.clock.now_ms().saturating_sub(elected_ms), "leading shard");
     metrics::counter!("tocsin_leader_changes_total", "shard" => ctx.shard.to_string()).increment(1);
     ctx.set_leadership(Leadership::Leading { epoch });
     tokio::spawn(refresh_own_address(ctx.clone()));
@@ -237,8 +248,18 @@ async fn refresh_own_address(ctx: Arc<ShardCtx>) {
 }
 
 /// Commits this leader's `LeaderEpoch` entry; its index is the epoch.
+///
+/// Two refusals are waited out for as long as openraft's metrics say this
+/// node leads (the supervisor aborts the task the moment they do not):
+/// a write refused without a leader named right after the election, for
+/// up to [`EPOCH_REFUSED_PATIENCE`], and a leader cut off from its peers,
+/// quietly, until a quorum answers. Any other failure is tried
+/// [`EPOCH_TRIES`] times.
 async fn establish(ctx: &ShardCtx) -> Option<u64> {
-    for attempt in 0..20 {
+    let mut failures = 0;
+    let mut refused_since: Option<std::time::Instant> = None;
+    let mut cut_off_logged = false;
+    loop {
         if !ctx.clock.is_safe() {
             // A node whose clock is off does not take up firing (it is handing
             // its leaderships over).
@@ -251,25 +272,54 @@ async fn establish(ctx: &ShardCtx) -> Option<u64> {
                 tracing::warn!(shard = ctx.shard, ?other, "unexpected epoch result");
                 return None;
             }
-            // Right after an election openraft may refuse the first write
-            // with "no known leader" although its metrics already say this
-            // node leads under a committed vote (seen in every chaos
-            // kill-leader run, within 1 ms of the election). Giving up
-            // there cost the supervisor's 250 ms restart pause on every
-            // failover; a refusal that names another leader, or metrics
-            // that no longer say this node leads, end the task as before.
-            Err(ProposeError::NotLeader { leader: None }) if still_leading(ctx) => {
-                tracing::debug!(shard = ctx.shard, attempt, "leader epoch refused right after the election; retrying");
+            // Right after an election openraft refuses writes, naming no
+            // leader, until a quorum has confirmed the new leader's lease
+            // (`ForwardReason::LeaseExpired`; seen in every chaos
+            // kill-leader run, within 1 ms of the election, and later on a
+            // busy node). Giving up there costs the supervisor's 250 ms
+            // restart pause; so did a cap of 20 tries 5 ms apart, whenever
+            // the lease took over 100 ms. A refusal that names another
+            // leader, or metrics that no longer say this node leads, end
+            // the task as before.
+            Err(ProposeError::NotLeader { leader: None })
+                if still_leading(ctx)
+                    && refused_since.get_or_insert_with(std::time::Instant::now).elapsed() < EPOCH_REFUSED_PATIENCE =>
+            {
+                tracing::debug!(shard = ctx.shard, "leader epoch refused right after the election; retrying");
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            Err(ProposeError::NotLeader { .. }) => return None,
+            Err(ProposeError::NotLeader { leader }) => {
+                // The supervisor restarts the task (after its pause) if
+                // openraft still calls this node leader.
+                tracing::info!(shard = ctx.shard, ?leader, "leader epoch refused; not leading");
+                return None;
+            }
+            // openraft keeps a leader cut off from its peers leading. Such a
+            // leader fires nothing anyway; it waits here, logging once, until
+            // a quorum answers or it is deposed (before, it logged each of 20
+            // tries, gave up, and started over 250 ms later, for as long as
+            // the partition lasted).
+            Err(ProposeError::NoQuorum) if still_leading(ctx) => {
+                if !cut_off_logged {
+                    cut_off_logged = true;
+                    tracing::warn!(
+                        shard = ctx.shard,
+                        "this leader cannot reach a quorum; its leader epoch waits for one"
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
             Err(e) => {
-                tracing::warn!(shard = ctx.shard, attempt, error = %e, "proposing the leader epoch failed; retrying");
+                failures += 1;
+                tracing::warn!(shard = ctx.shard, failures, error = %e, "proposing the leader epoch failed; retrying");
+                if failures >= EPOCH_TRIES {
+                    tracing::warn!(shard = ctx.shard, "gave up committing a leader epoch");
+                    return None;
+                }
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
     }
-    None
 }
 
 /// Whether openraft's metrics say this node leads the shard under a
