@@ -119,7 +119,10 @@ impl Client {
     /// mid-batch, a shard shedding load) are sent again, still batched per
     /// leader, after a backoff that honours the largest retry hint; creates
     /// are idempotent. A call that failed as a whole has already been
-    /// retried by [`Client::call`]. (Retried one by one, a refused batch of
+    /// retried by [`Client::call`]. As with [`Client::create_timer`], an
+    /// item sent again that finds its id holding a finished timer (the
+    /// earlier call created it, and it fired since) answers `created:
+    /// false` with that timer. (Retried one by one, a refused batch of
     /// 100 became 100 calls each retrying on its own, and a cluster that
     /// refused batches for a moment was kept overloaded by the retries.)
     pub async fn create_timers(
@@ -185,6 +188,9 @@ impl Client {
         });
         let mut out: Vec<Option<Result<pb::CreateTimerResponse, ClientError>>> = (0..n).map(|_| None).collect();
         let mut refused = vec![false; n];
+        // Items whose node call got no answer: that call may have created
+        // them, so their next call is a retry (`finished_on_retry`).
+        let mut ambiguous = vec![false; n];
         let node_calls = chunked(by_node).map(|(addr, positions)| async move {
             let timers = positions.iter().map(|i| reqs[*i].clone()).collect();
             let result = self.create_timers_at(&addr, timers).await;
@@ -202,6 +208,7 @@ impl Client {
                 // items go per shard, with `call`'s retries.
                 _ => {
                     for i in positions {
+                        ambiguous[i] = true;
                         by_shard.entry(self.shard_of(&reqs[i].namespace, &reqs[i].id)).or_default().push(i);
                     }
                 }
@@ -209,20 +216,27 @@ impl Client {
         }
         let shard_calls = chunked(by_shard).map(|(shard, positions)| async move {
             let timers: Vec<pb::CreateTimerRequest> = positions.iter().map(|i| reqs[*i].clone()).collect();
+            let attempts = std::sync::atomic::AtomicU32::new(0);
             let result = self
                 .call(Some(shard), |mut c| {
+                    attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                     let req = self.routed(pb::CreateTimersRequest { timers: timers.clone() });
                     async move { c.create_timers(req).await }
                 })
                 .await;
-            (positions, result)
+            (positions, result, attempts.load(std::sync::atomic::Ordering::Relaxed) > 1)
         });
-        for (positions, result) in futures::future::join_all(shard_calls).await {
+        for (positions, result, retried) in futures::future::join_all(shard_calls).await {
             match result {
                 Ok(resp) => {
                     for (i, r) in positions.into_iter().zip(resp.results) {
                         refused[i] = true;
-                        out[i] = Some(item_result(r));
+                        // A retried create whose timer has fired since is
+                        // the earlier attempt's timer, as for `create_timer`
+                        // (seen in the chaos partition-leader run: a node
+                        // call that waited on a forward past the deadline
+                        // had created its other items, which then fired).
+                        out[i] = Some(self.finished_on_retry(&reqs[i], item_result(r), retried || ambiguous[i]).await);
                     }
                 }
                 Err(e) => {

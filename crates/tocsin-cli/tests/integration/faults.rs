@@ -95,6 +95,44 @@ async fn lost_replies_strand_no_timer() {
     );
 }
 
+/// A batched create whose call got no answer in time is sent again (per
+/// shard); if its timers fired meanwhile, the retry finds them finished.
+/// The client answers those items `created: false` with the timer, as
+/// `create_timer` does, not FAILED_PRECONDITION: the earlier call created
+/// them. (The chaos partition-leader run showed it: just after the heal, a
+/// node call that waited on a forward past the client's deadline had
+/// created its other items, which fired before the retry.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batched_create_retried_after_its_timers_fired_answers_created_false() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    // Half of all entries' replies come 1.5 s late, past the client's 1 s:
+    // nearly every call of ten items (one entry per shard) is answered too
+    // late, and its items are sent again after their fire time.
+    let node = NodeProcess::start(dir.path(), &[("FAILPOINTS", "proposer::reply=50%return(delay:1500)")]);
+    let options = ClientOptions { request_timeout: Duration::from_secs(1), max_attempts: 20, ..Default::default() };
+    let client = Client::with_options([node.grpc.clone()], options).await.unwrap();
+    let mut want = HashMap::new();
+    let mut answered_finished = 0;
+    for call in 0..6 {
+        let at = now_ms() + 100;
+        let reqs: Vec<_> =
+            (0..10).map(|i| webhook_timer("batch", &format!("c{call}-{i}"), at, &receiver.url)).collect();
+        for (req, result) in reqs.iter().zip(client.create_timers(reqs.clone()).await) {
+            let resp = result.unwrap_or_else(|e| panic!("creating {} failed: {e}\n{}", req.id, node.log()));
+            let timer = resp.timer.expect("the answer carries the timer");
+            if !resp.created && timer.state != pb::timer::State::Scheduled as i32 {
+                answered_finished += 1;
+            }
+            want.insert(req.id.clone(), at);
+        }
+    }
+    println!("{answered_finished} of 60 batched creates were answered from a fired timer on a retry");
+    assert!(answered_finished > 0, "no retry found its timer fired: the test staged nothing");
+    let (missing, _) = wait_delivered(&receiver, &want, Duration::from_secs(30)).await;
+    assert!(missing.is_empty(), "never delivered: {missing:?}");
+}
+
 /// Finding 3, first half: recording an outcome fails twice, then works: the
 /// node retries it, so the receiver sees each timer once and it ends
 /// DELIVERED.
