@@ -174,7 +174,17 @@ pub struct Report {
     /// leader's first fire arrived (issue 11: within 400 ms of a kill).
     /// `None` when shard 0 kept its leader.
     pub first_fire_new_leader_ms: Option<u64>,
+    /// How long the create calls sent in the [`AFTER_HEAL_MS`] after the
+    /// fault ended took to be answered (per item; a batch's items share
+    /// its call's time). Reported, not bounded: a node whose connection to
+    /// a peer went stale in a partition showed here as calls held past the
+    /// client's 2 s deadline.
+    pub create_calls_after_heal: Percentiles,
 }
+
+/// The span after the fault's end whose create calls
+/// [`Report::create_calls_after_heal`] measures.
+pub const AFTER_HEAL_MS: u64 = 5_000;
 
 impl Report {
     /// The failed invariants, empty when the run passed. `max_p99_ms` bounds
@@ -367,7 +377,21 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
     report.lateness = Percentiles::of(lateness);
     report.lateness_fault_window = Percentiles::of(window);
     report.first_fire_new_leader_ms = fault.and_then(|(start, _)| first_fire_new_leader(&deliveries, 0, start));
+    if let Some((_, end)) = fault {
+        report.create_calls_after_heal = create_calls_begun(&ops, end, end + AFTER_HEAL_MS);
+    }
     Ok(report)
+}
+
+/// How long the creates sent from `from_ms` until `to_ms` took to be
+/// answered, whatever the answer.
+pub fn create_calls_begun(ops: &[Op], from_ms: u64, to_ms: u64) -> Percentiles {
+    Percentiles::of(
+        ops.iter()
+            .filter(|o| o.op == "create" && (from_ms..to_ms).contains(&o.invoke_ms))
+            .map(|o| o.complete_ms.saturating_sub(o.invoke_ms))
+            .collect(),
+    )
 }
 
 /// When `shard`'s first accepted delivery under an epoch newer than every
@@ -530,6 +554,33 @@ mod tests {
             path: String::new(),
             status: 200,
         }
+    }
+
+    #[test]
+    fn create_calls_after_healing_count_only_creates_sent_in_the_span() {
+        let op = |op: &str, invoke_ms: u64, complete_ms: u64| Op {
+            op: op.into(),
+            namespace: String::new(),
+            id: String::new(),
+            fire_at_ms: 0,
+            invoke_ms,
+            complete_ms,
+            outcome: "ok".into(),
+            applied_index: 0,
+            created_at_ms: 0,
+            error: String::new(),
+            code: String::new(),
+        };
+        let ops = [
+            op("create", 900, 5_000), // sent before the heal
+            op("create", 1_000, 1_004),
+            op("create", 1_500, 3_700), // held past a 2 s deadline
+            op("cancel", 1_600, 9_000),
+            op("create", 6_000, 6_001), // sent after the span
+        ];
+        let p = create_calls_begun(&ops, 1_000, 6_000);
+        assert_eq!((p.n, p.max_ms), (2, 2_200));
+        assert_eq!(create_calls_begun(&ops, 7_000, 8_000).n, 0);
     }
 
     #[test]

@@ -202,6 +202,15 @@ fn failures(report: &Report, bounds: Bounds) -> Vec<String> {
     {
         out.push(format!("I5: whole-run lateness p99 {} ms over {p99} ms", report.lateness.p99_ms));
     }
+    if let Some(p99) = bounds.after_heal_create_p99_ms
+        && report.create_calls_after_heal.p99_ms > p99
+    {
+        out.push(format!(
+            "create calls sent in the {} s after healing: p99 {} ms over {p99} ms",
+            check::AFTER_HEAL_MS / 1_000,
+            report.create_calls_after_heal.p99_ms
+        ));
+    }
     out
 }
 
@@ -239,6 +248,13 @@ fn print_figures(r: &Report, live: &Live) {
         },
         r.leaders_after_heal_ms.map_or("never".to_string(), |ms| format!("{ms} ms")),
     );
+    if r.create_calls_after_heal.n > 0 {
+        println!(
+            "    create calls sent in the {} s after healing: {}",
+            check::AFTER_HEAL_MS / 1_000,
+            r.create_calls_after_heal
+        );
+    }
     if let Some(ms) = live.failover_ms {
         println!("    failover: shard 0 had a new leader {ms} ms after the fault");
     }

@@ -51,13 +51,20 @@ pub struct Bounds {
     /// A delivery is early only if it arrives more than this before its
     /// fire time (0: any earlier arrival is).
     pub early_tolerance_ms: u64,
+    /// p99 of how long the create calls sent just after healing took
+    /// (`Report::create_calls_after_heal`).
+    pub after_heal_create_p99_ms: Option<u64>,
 }
 
-pub const NO_BOUNDS: Bounds =
-    Bounds { window_p99_ms: None, window_max_ms: None, run_p99_ms: None, early_tolerance_ms: 0 };
+pub const NO_BOUNDS: Bounds = Bounds {
+    window_p99_ms: None,
+    window_max_ms: None,
+    run_p99_ms: None,
+    early_tolerance_ms: 0,
+    after_heal_create_p99_ms: None,
+};
 
-pub const FAILOVER_BOUNDS: Bounds =
-    Bounds { window_p99_ms: Some(1_000), window_max_ms: Some(2_000), run_p99_ms: None, early_tolerance_ms: 0 };
+pub const FAILOVER_BOUNDS: Bounds = Bounds { window_p99_ms: Some(1_000), window_max_ms: Some(2_000), ..NO_BOUNDS };
 
 /// Where the nodes keep their data.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

@@ -83,16 +83,13 @@ impl Client {
                 }
             }
         }
-        let attempts = std::sync::atomic::AtomicU32::new(u32::from(ambiguous));
-        let result = self
-            .call(Some(shard), |mut c| {
-                attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (result, resent) = self
+            .call_counting_sends(Some(shard), |mut c| {
                 let req = self.routed(req.clone());
                 async move { c.create_timer(req).await }
             })
             .await;
-        let retried = attempts.load(std::sync::atomic::Ordering::Relaxed) > 1;
-        self.finished_on_retry(&req, result, retried).await
+        self.finished_on_retry(&req, result, ambiguous || resent).await
     }
 
     /// See [`Client::create_timer`]: a retried create that found its id
@@ -148,9 +145,10 @@ impl Client {
             tokio::time::sleep(self.backoff(round).max(std::time::Duration::from_millis(hint_ms))).await;
             let again: Vec<pb::CreateTimerRequest> = retry.iter().map(|i| reqs[*i].clone()).collect();
             let (results, item_refused) = self.create_batches(&again).await;
-            for ((i, r), item) in retry.into_iter().zip(results).zip(item_refused) {
-                out[i] = self.finished_on_retry(&reqs[i], r, true).await;
-                refused[i] = item;
+            let answers = retry.iter().zip(results).map(|(i, r)| self.finished_on_retry(&reqs[*i], r, true));
+            for ((i, r), item) in retry.iter().zip(futures::future::join_all(answers).await).zip(item_refused) {
+                out[*i] = r;
+                refused[*i] = item;
             }
             round += 1;
         }
@@ -216,17 +214,16 @@ impl Client {
         }
         let shard_calls = chunked(by_shard).map(|(shard, positions)| async move {
             let timers: Vec<pb::CreateTimerRequest> = positions.iter().map(|i| reqs[*i].clone()).collect();
-            let attempts = std::sync::atomic::AtomicU32::new(0);
-            let result = self
-                .call(Some(shard), |mut c| {
-                    attempts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let (result, resent) = self
+                .call_counting_sends(Some(shard), |mut c| {
                     let req = self.routed(pb::CreateTimersRequest { timers: timers.clone() });
                     async move { c.create_timers(req).await }
                 })
                 .await;
-            (positions, result, attempts.load(std::sync::atomic::Ordering::Relaxed) > 1)
+            (positions, result, resent)
         });
-        for (positions, result, retried) in futures::future::join_all(shard_calls).await {
+        let mut answers = Vec::new();
+        for (positions, result, resent) in futures::future::join_all(shard_calls).await {
             match result {
                 Ok(resp) => {
                     for (i, r) in positions.into_iter().zip(resp.results) {
@@ -236,7 +233,11 @@ impl Client {
                         // (seen in the chaos partition-leader run: a node
                         // call that waited on a forward past the deadline
                         // had created its other items, which then fired).
-                        out[i] = Some(self.finished_on_retry(&reqs[i], item_result(r), retried || ambiguous[i]).await);
+                        // Looked up together: one by one, a batch of such
+                        // items waited a round trip each.
+                        let retried = resent || ambiguous[i];
+                        answers
+                            .push(async move { (i, self.finished_on_retry(&reqs[i], item_result(r), retried).await) });
                     }
                 }
                 Err(e) => {
@@ -245,6 +246,9 @@ impl Client {
                     }
                 }
             }
+        }
+        for (i, r) in futures::future::join_all(answers).await {
+            out[i] = Some(r);
         }
         let out =
             out.into_iter().map(|r| r.unwrap_or_else(|| Err(ClientError::Unreachable("no result".into())))).collect();

@@ -43,6 +43,28 @@ impl Client {
             .await
     }
 
+    /// [`Client::call`], and whether it sent the call more than once: a
+    /// create sent again may find the timer its unanswered first send
+    /// created (`Client::finished_on_retry`).
+    pub(crate) async fn call_counting_sends<T, F, Fut>(
+        &self,
+        shard: Option<u32>,
+        mut call: F,
+    ) -> (Result<T, ClientError>, bool)
+    where
+        F: FnMut(TimerServiceClient<Conn>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let mut sends = 0u32;
+        let result = self
+            .call(shard, |c| {
+                sends += 1;
+                call(c)
+            })
+            .await;
+        (result, sends > 1)
+    }
+
     /// [`Client::call`] for any service on the node's channel.
     pub(crate) async fn call_channel<T, F, Fut>(&self, shard: Option<u32>, mut call: F) -> Result<T, ClientError>
     where
