@@ -180,6 +180,10 @@ pub struct Report {
     /// a peer went stale in a partition showed here as calls held past the
     /// client's 2 s deadline.
     pub create_calls_after_heal: Percentiles,
+    /// The same over the create calls sent in the first [`AFTER_HEAL_MS`]
+    /// of the fault (reported, not bounded): calls to a leader that was
+    /// just cut off or killed wait for an answer or a deadline.
+    pub create_calls_at_fault: Percentiles,
 }
 
 /// The span after the fault's end whose create calls
@@ -377,7 +381,8 @@ pub fn check(inputs: &Inputs) -> anyhow::Result<Report> {
     report.lateness = Percentiles::of(lateness);
     report.lateness_fault_window = Percentiles::of(window);
     report.first_fire_new_leader_ms = fault.and_then(|(start, _)| first_fire_new_leader(&deliveries, 0, start));
-    if let Some((_, end)) = fault {
+    if let Some((start, end)) = fault {
+        report.create_calls_at_fault = create_calls_begun(&ops, start, start + AFTER_HEAL_MS);
         report.create_calls_after_heal = create_calls_begun(&ops, end, end + AFTER_HEAL_MS);
     }
     Ok(report)

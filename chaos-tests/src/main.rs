@@ -248,6 +248,13 @@ fn print_figures(r: &Report, live: &Live) {
         },
         r.leaders_after_heal_ms.map_or("never".to_string(), |ms| format!("{ms} ms")),
     );
+    if r.create_calls_at_fault.n > 0 {
+        println!(
+            "    create calls sent in the first {} s of the fault: {}",
+            check::AFTER_HEAL_MS / 1_000,
+            r.create_calls_at_fault
+        );
+    }
     if r.create_calls_after_heal.n > 0 {
         println!(
             "    create calls sent in the {} s after healing: {}",

@@ -142,7 +142,33 @@ impl Client {
                 })
                 .max()
                 .unwrap_or(0);
+            // Learn from the refusals as `call` does, once per shard: a
+            // hint moves the shard's route; a refusal that names no leader
+            // (a leader cut off from its quorum, an answer that did not
+            // come in time) forgets it, so the next round finds the leader
+            // instead of asking the same node again. Overload is not
+            // misrouting: its route stays. (Chaos partition-leader: the
+            // batched calls sent to a leader cut off for over a second,
+            // refused at once, were sent to it again round after round.)
+            let mut refusals: BTreeMap<u32, &ClientError> = BTreeMap::new();
+            for i in &retry {
+                if let Err(e) = &out[*i]
+                    && e.code() != tonic::Code::ResourceExhausted
+                {
+                    refusals.entry(self.shard_of(&reqs[*i].namespace, &reqs[*i].id)).or_insert(e);
+                }
+            }
+            let mut forgot = false;
+            for (shard, e) in refusals {
+                if !self.learn(Some(shard), e) {
+                    self.forget_leader(Some(shard));
+                    forgot = true;
+                }
+            }
             tokio::time::sleep(self.backoff(round).max(std::time::Duration::from_millis(hint_ms))).await;
+            if forgot {
+                self.refresh_after_failure().await;
+            }
             let again: Vec<pb::CreateTimerRequest> = retry.iter().map(|i| reqs[*i].clone()).collect();
             let (results, item_refused) = self.create_batches(&again).await;
             let answers = retry.iter().zip(results).map(|(i, r)| self.finished_on_retry(&reqs[*i], r, true));

@@ -299,7 +299,7 @@ async fn establish(ctx: &ShardCtx) -> Option<u64> {
             // a quorum answers or it is deposed (before, it logged each of 20
             // tries, gave up, and started over 250 ms later, for as long as
             // the partition lasted).
-            Err(ProposeError::NoQuorum) if still_leading(ctx) => {
+            Err(ProposeError::NoQuorum | ProposeError::QuorumLost) if still_leading(ctx) => {
                 if !cut_off_logged {
                     cut_off_logged = true;
                     tracing::warn!(

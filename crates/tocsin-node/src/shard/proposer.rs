@@ -93,6 +93,9 @@ pub const DEFERRED_LINGER: Duration = Duration::from_millis(10);
 /// come (openraft keeps a partitioned leader leading): the client moves on
 /// to a node that can reach the real leader.
 pub const QUORUM_LOST_AFTER: Duration = Duration::from_secs(1);
+/// How often an entry waiting to commit longer than [`QUORUM_LOST_AFTER`]
+/// looks whether its leader has been cut off.
+const QUORUM_CHECK_EVERY: Duration = Duration::from_millis(100);
 
 /// Why a command was not applied (or might not have been).
 #[derive(Clone, Debug, thiserror::Error)]
@@ -116,6 +119,11 @@ pub enum ProposeError {
     /// The outcome is unknown: the command may still be applied.
     #[error("raft did not answer in time")]
     Timeout,
+    /// The command's entry was waiting to commit when this leader lost its
+    /// quorum (see [`QUORUM_LOST_AFTER`]): the outcome is unknown, and
+    /// another node may already lead.
+    #[error("this leader lost its quorum while the command waited to commit")]
+    QuorumLost,
     #[error("raft failed: {0}")]
     Fatal(String),
 }
@@ -229,7 +237,7 @@ impl Proposer {
         let (tx, rx) = mpsc::channel(limits.queue.max(1));
         let backlog = Arc::new(Backlog::default());
         let fence = Arc::new(std::sync::Mutex::new(StampFence::default()));
-        runtime.spawn(run(raft.clone(), clock, rx, limits.timeout, backlog.clone(), fence.clone()));
+        runtime.spawn(run(raft.clone(), node_id, clock, rx, limits.timeout, backlog.clone(), fence.clone()));
         Proposer {
             tx,
             timeout: limits.timeout,
@@ -288,14 +296,7 @@ impl Proposer {
     /// Refuses work when this node leads without a quorum (see
     /// [`QUORUM_LOST_AFTER`]).
     fn check_quorum(&self) -> Result<(), ProposeError> {
-        use openraft::Instant as _;
-        use openraft::async_runtime::WatchReceiver as _;
-        let rx = self.raft.metrics();
-        let m = rx.borrow_watched();
-        let cut_off = m.current_leader == Some(self.node_id)
-            && m.membership_config.membership().voter_ids().nth(1).is_some()
-            && m.last_quorum_acked.as_ref().is_some_and(|t| t.elapsed() > QUORUM_LOST_AFTER);
-        if cut_off { Err(ProposeError::NoQuorum) } else { Ok(()) }
+        if cut_off(&self.raft, self.node_id) { Err(ProposeError::NoQuorum) } else { Ok(()) }
     }
 
     /// Proposes one command and waits until it is applied.
@@ -400,6 +401,7 @@ async fn linger(first: Pending, rx: &mut mpsc::Receiver<Pending>, linger: Durati
 
 async fn run(
     raft: Raft,
+    node_id: u64,
     clock: Arc<Clock>,
     mut rx: mpsc::Receiver<Pending>,
     timeout: Duration,
@@ -441,19 +443,32 @@ async fn run(
             crate::shard::quiet::renew_lease(&raft).await;
             let write = raft.client_write(proposal);
             tokio::pin!(write);
-            let result = tokio::time::timeout(timeout, &mut write).await;
-            // Append, replicate to a quorum, commit and apply.
+            // Append, replicate to a quorum, commit and apply; or give up
+            // at the timeout, or as soon as this leader is cut off from its
+            // quorum: openraft keeps a partitioned leader leading and the
+            // entry waiting, and its callers then waited out their own
+            // deadlines (chaos partition-leader: every create call sent to
+            // the cut-off leader in the cut's first second took the
+            // driver's 2 s deadline; with the client's default, 10 s).
+            let waited = tokio::select! {
+                result = &mut write => Ok(result),
+                () = tokio::time::sleep(timeout) => Err(ProposeError::Timeout),
+                () = lost_quorum(&raft, node_id) => Err(ProposeError::QuorumLost),
+            };
             metrics::histogram!("tocsin_raft_write_seconds").record(writing.elapsed().as_secs_f64());
             drop(permit);
-            let Ok(result) = result else {
-                // The callers hear of the timeout now; the entry may still be
-                // applied, so its cancels stay fenced until openraft answers.
-                for waiter in waiters {
-                    let _ = waiter.send(Err(ProposeError::Timeout));
+            let result = match waited {
+                Ok(result) => result,
+                Err(gave_up) => {
+                    // The callers hear now; the entry may still be applied,
+                    // so its cancels stay fenced until openraft answers.
+                    for waiter in waiters {
+                        let _ = waiter.send(Err(gave_up.clone()));
+                    }
+                    let result = write.await;
+                    settle(&fence, stamped, result.is_ok());
+                    return;
                 }
-                let result = write.await;
-                settle(&fence, stamped, result.is_ok());
-                return;
             };
             // An error means the leadership was lost on the way: the entry may
             // still be committed by the next leader (`StampFence::lost`).
@@ -498,6 +513,29 @@ async fn run(
                 }
             }
         });
+    }
+}
+
+/// Whether `node_id` leads the group by its own account but has heard from
+/// no quorum for [`QUORUM_LOST_AFTER`].
+fn cut_off(raft: &Raft, node_id: u64) -> bool {
+    use openraft::Instant as _;
+    use openraft::async_runtime::WatchReceiver as _;
+    let rx = raft.metrics();
+    let m = rx.borrow_watched();
+    m.current_leader == Some(node_id)
+        && m.membership_config.membership().voter_ids().nth(1).is_some()
+        && m.last_quorum_acked.as_ref().is_some_and(|t| t.elapsed() > QUORUM_LOST_AFTER)
+}
+
+/// Returns once this node, leading, has been cut off from its quorum
+/// ([`cut_off`]); never while it hears from one. Looks first after
+/// [`QUORUM_LOST_AFTER`] (an entry that commits sooner never looks), then
+/// every [`QUORUM_CHECK_EVERY`].
+async fn lost_quorum(raft: &Raft, node_id: u64) {
+    tokio::time::sleep(QUORUM_LOST_AFTER).await;
+    while !cut_off(raft, node_id) {
+        tokio::time::sleep(QUORUM_CHECK_EVERY).await;
     }
 }
 
@@ -561,6 +599,14 @@ impl NodeError {
                     retry_after.as_millis()
                 ),
                 retry_after_ms: retry_after.as_millis() as u64,
+            },
+            ProposeError::QuorumLost => NodeError::Unavailable {
+                message: format!(
+                    "this node's leadership of shard {shard} lost its quorum while the command waited to commit; \
+                     the outcome is unknown, retry with the same id on another node"
+                ),
+                leader: None,
+                retry_after_ms: 100,
             },
             ProposeError::Timeout => NodeError::Unavailable {
                 message: format!(
