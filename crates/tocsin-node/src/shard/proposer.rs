@@ -426,6 +426,20 @@ async fn run(
         }
         // The next head is the next command received; until then nothing waits.
         backlog.head_submitted_us.store(0, Ordering::Relaxed);
+        if cut_off(&raft, node_id) {
+            // Commands queued before this leader was cut off (behind the
+            // entries that then gave up, `QuorumLost`) are refused as new
+            // ones are (`Proposer::check_quorum`), not written: openraft
+            // refuses a write from a leader whose lease ran out naming no
+            // leader, which the fire loop takes for a deposition (seen in a
+            // chaos partition-leader run: the cut-off leader's loop stopped
+            // 1.35 s into the cut and was started again 250 ms later).
+            drop(permit);
+            for p in batch {
+                let _ = p.done.send(Err(ProposeError::NoQuorum));
+            }
+            continue;
+        }
         let raft = raft.clone();
         let stamped = fence.lock().expect("stamp fence").stamp(clock.now_ms(), batch.iter().map(|p| &p.command));
         let now_ms = stamped.stamp_ms;
@@ -452,8 +466,7 @@ async fn run(
             // driver's 2 s deadline; with the client's default, 10 s).
             let waited = tokio::select! {
                 result = &mut write => Ok(result),
-                () = tokio::time::sleep(timeout) => Err(ProposeError::Timeout),
-                () = lost_quorum(&raft, node_id) => Err(ProposeError::QuorumLost),
+                gave_up = give_up(&raft, node_id, timeout) => Err(gave_up),
             };
             metrics::histogram!("tocsin_raft_write_seconds").record(writing.elapsed().as_secs_f64());
             drop(permit);
@@ -528,14 +541,23 @@ fn cut_off(raft: &Raft, node_id: u64) -> bool {
         && m.last_quorum_acked.as_ref().is_some_and(|t| t.elapsed() > QUORUM_LOST_AFTER)
 }
 
-/// Returns once this node, leading, has been cut off from its quorum
-/// ([`cut_off`]); never while it hears from one. Looks first after
-/// [`QUORUM_LOST_AFTER`] (an entry that commits sooner never looks), then
-/// every [`QUORUM_CHECK_EVERY`].
-async fn lost_quorum(raft: &Raft, node_id: u64) {
-    tokio::time::sleep(QUORUM_LOST_AFTER).await;
-    while !cut_off(raft, node_id) {
-        tokio::time::sleep(QUORUM_CHECK_EVERY).await;
+/// Why the callers of an entry still waiting to commit stop waiting: the
+/// `timeout` passed, or this node, leading, was cut off from its quorum
+/// ([`cut_off`]) first. Looks first after [`QUORUM_LOST_AFTER`], then
+/// every [`QUORUM_CHECK_EVERY`]; one timer at a time, so an entry that
+/// commits in milliseconds costs what the bare timeout did.
+async fn give_up(raft: &Raft, node_id: u64, timeout: Duration) -> ProposeError {
+    let until = tokio::time::Instant::now() + timeout;
+    tokio::time::sleep_until(until.min(tokio::time::Instant::now() + QUORUM_LOST_AFTER)).await;
+    loop {
+        if cut_off(raft, node_id) {
+            return ProposeError::QuorumLost;
+        }
+        let now = tokio::time::Instant::now();
+        if now >= until {
+            return ProposeError::Timeout;
+        }
+        tokio::time::sleep_until(until.min(now + QUORUM_CHECK_EVERY)).await;
     }
 }
 
