@@ -139,6 +139,16 @@ pub struct ClientOptions {
     /// while this many calls to that node are out (`coalesce.rs`); 0: every
     /// create is a call of its own.
     pub coalesce_in_flight: usize,
+    /// While calls to a node are out and nothing has come from it for this
+    /// long, the client pings it; a ping unanswered for `ping_timeout`
+    /// closes the connection, its calls fail as unavailable and are retried
+    /// on a new one. Without it a connection that went silent (a network
+    /// cut, a node frozen and replaced behind the same address, a
+    /// middlebox that dropped the flow) holds every call sent on it until
+    /// `request_timeout`, and the retries, sent on the same connection,
+    /// wait as long again. None: no pings.
+    pub ping_interval: Option<Duration>,
+    pub ping_timeout: Duration,
 }
 
 /// How to reach nodes whose client ports speak TLS.
@@ -192,6 +202,11 @@ impl Default for ClientOptions {
             token: None,
             tls: None,
             coalesce_in_flight: 4,
+            // Twice the nodes' own pings to each other (1 s and 1 s): a
+            // client may sit farther away, and a busy node answers a ping
+            // late; still well inside `request_timeout`.
+            ping_interval: Some(Duration::from_secs(2)),
+            ping_timeout: Duration::from_secs(2),
         }
     }
 }
@@ -305,6 +320,11 @@ impl Client {
             .map_err(|e| bad(&e))?
             .connect_timeout(options.connect_timeout)
             .tcp_nodelay(true);
+        if let Some(interval) = options.ping_interval {
+            // Pings go only while calls are open (hyper's default), so an
+            // idle client costs its nodes nothing.
+            endpoint = endpoint.http2_keep_alive_interval(interval).keep_alive_timeout(options.ping_timeout);
+        }
         if let Some(tls) = &options.tls {
             endpoint = endpoint.tls_config(tls.tonic()).map_err(|e| bad(&e))?;
         }
