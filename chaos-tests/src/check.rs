@@ -413,7 +413,7 @@ pub fn first_fire_new_leader(deliveries: &[&Delivery], shard: u32, start_ms: u64
 /// (`tocsin-node`'s `shard/leader.rs`), in the order a failover goes.
 const LEADERSHIP_MESSAGES: [&str; 9] = [
     "stopped leading shard",
-    "deposed by a newer epoch",
+    "deposed",
     "elected; committing a leader epoch",
     "leader epoch refused",
     "cannot reach a quorum; its leader epoch waits",

@@ -19,6 +19,8 @@
 //! `fail`'s counts and odds apply (`3*return(drop)`, `20%return(error)`).
 //! The points, by name: `proposer::reply` (every reply of one entry),
 //! `leader::fire_reply` (the `Fire` outcomes of one batch),
+//! `leader::fire_refused` (one `Fire` batch, answered as openraft answers a
+//! leader whose lease lapsed: not leader, naming none; nothing proposed),
 //! `webhook::record_outcome` (one attempt-outcome proposal),
 //! `events::lose` (one applied entry that dispatched nothing, lost to its
 //! shard leader's fire loop as a full queue loses it),

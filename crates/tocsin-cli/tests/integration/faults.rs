@@ -279,6 +279,48 @@ async fn lost_fire_outcomes_still_dispatch_once() {
     assert!(lateness[lateness.len() * 99 / 100] < 1_000, "lateness p99 over a second: {lateness:?}");
 }
 
+/// openraft refuses a write naming no leader when the leader's lease has
+/// lapsed (a busy or briefly cut-off leader that still leads). Three `Fire`
+/// batches after the first are refused that way (`leader::fire_refused`;
+/// the first batch, the warm-up's, goes through, so its epoch is known).
+/// The fire loop looks again later instead of stopping as if deposed: every
+/// timer is delivered once, on time, under the warm-up's epoch. Before, each
+/// refusal stopped the loop and the supervisor started it again 250 ms
+/// later under a new epoch, which the epoch check here catches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fires_refused_by_a_lapsed_lease_do_not_stop_the_fire_loop() {
+    let dir = tempfile::tempdir().unwrap();
+    let receiver = Receiver::start().await;
+    // One shard, so one fire loop and one epoch to compare.
+    let node = NodeProcess::start(
+        dir.path(),
+        &[("TOCSIN_NUM_SHARDS", "1"), ("FAILPOINTS", "leader::fire_refused=1*off->3*return(error)")],
+    );
+    let client = Client::connect([node.grpc.clone()]).await.unwrap();
+    // The receiver keys deliveries by timer id, and `create`'s ids are
+    // `t-<n>`: the warm-up timer has an id of its own.
+    let warm_up: HashMap<String, u64> = [("warm-up".to_string(), now_ms() + 500)].into();
+    client.create_timer(webhook_timer("refused", "warm-up", warm_up["warm-up"], &receiver.url)).await.unwrap();
+    let (missing, _) = wait_delivered(&receiver, &warm_up, Duration::from_secs(10)).await;
+    assert!(missing.is_empty(), "the warm-up timer was never delivered");
+    let epoch = receiver.of("warm-up")[0].epoch;
+    let want = create(&client, "refused", 200, 1_000, 2_000, &receiver.url).await;
+    let (missing, lateness) = wait_delivered(&receiver, &want, Duration::from_secs(20)).await;
+    println!("fires refused by a lapsed lease: lateness {}", percentiles(lateness.clone()));
+    assert!(missing.is_empty(), "{} never delivered, e.g. {:?}", missing.len(), &missing[..missing.len().min(5)]);
+    let seen = receiver.delivered();
+    assert!(want.keys().all(|id| seen[id].len() == 1), "a refused fire caused a second delivery");
+    let epochs: std::collections::BTreeSet<u64> = want.keys().map(|id| seen[id][0].epoch).collect();
+    assert_eq!(
+        epochs,
+        [epoch].into(),
+        "the fire loop restarted under a new epoch: a refusal naming no leader was taken for a deposition"
+    );
+    let mut lateness = lateness;
+    lateness.sort_unstable();
+    assert!(lateness[lateness.len() * 99 / 100] < 1_000, "lateness p99 over a second: {lateness:?}");
+}
+
 /// The node closes consumers' Reserve streams after half of its messages
 /// (mid-batch, from the server's side); the client reopens them, and every
 /// pull timer is delivered.

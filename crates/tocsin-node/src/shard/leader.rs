@@ -330,6 +330,24 @@ fn still_leading(ctx: &ShardCtx) -> bool {
     m.state == openraft::ServerState::Leader && m.current_leader == Some(ctx.node_id) && m.vote.is_committed()
 }
 
+/// What a proposed `Fire`'s result tells the fire loop. openraft refuses a
+/// write naming no leader when the leader's lease has lapsed
+/// (`ForwardReason::LeaseExpired`: a busy leader, or one briefly cut off),
+/// and the node may still lead: while its metrics say so (`leading`, asked
+/// only for such a refusal) the timer is re-read after the retry delay, as
+/// for any unknown outcome, instead of the loop stopping as if deposed and
+/// its timers waiting out the supervisor's restart pause. A refusal that
+/// names a leader, or comes when the metrics no longer say this node leads,
+/// is a deposition.
+fn fire_outcome(result: Result<(u64, CommandResult), ProposeError>, leading: impl FnOnce() -> bool) -> FireOutcome {
+    match result {
+        Ok((index, result)) => FireOutcome::applied(index, &result),
+        Err(ProposeError::NotLeader { leader: None }) if leading() => FireOutcome::Unknown,
+        Err(ProposeError::NotLeader { .. }) => FireOutcome::NotLeader,
+        Err(_) => FireOutcome::Unknown,
+    }
+}
+
 /// What the loop's I/O tasks report back.
 enum Io {
     Page {
@@ -529,7 +547,19 @@ impl FireLoop {
             Io::Fired { outcomes } => {
                 self.batches_in_flight -= 1;
                 for (key, due_ms, outcome) in outcomes {
+                    // Which of the two depositions it was, for the log: a
+                    // refusal from openraft, or a `Fire` applied under a newer
+                    // epoch.
+                    let refused = outcome == FireOutcome::NotLeader;
                     match self.core.on_fire_outcome(key, due_ms, outcome, now) {
+                        Some(Action::Stop) if refused => {
+                            tracing::info!(
+                                shard = self.ctx.shard,
+                                epoch = self.epoch,
+                                "deposed: openraft refused a fire, this node no longer leads; stopping"
+                            );
+                            return false;
+                        }
                         Some(Action::Stop) => {
                             tracing::info!(
                                 shard = self.ctx.shard,
@@ -658,20 +688,23 @@ impl FireLoop {
                 .iter()
                 .map(|(key, due)| Command::Fire { key: key.clone(), due_ms: *due, epoch, timeout_ms })
                 .collect();
-            let mut results = ctx.proposer.propose_all(commands).await;
+            let mut results = if crate::fault::hit("leader::fire_refused").await.is_some() {
+                // A test has openraft's lapsed-lease refusal, which names no
+                // leader, answer this batch (nothing is proposed).
+                commands.iter().map(|_| Err(ProposeError::NotLeader { leader: None })).collect()
+            } else {
+                ctx.proposer.propose_all(commands).await
+            };
             if crate::fault::hit("leader::fire_reply").await.is_some() {
                 // A test loses this batch's outcomes (the entries apply anyway).
                 results.iter_mut().for_each(|r| *r = Err(ProposeError::Timeout));
             }
+            let mut leading = None;
             let outcomes = fires
                 .into_iter()
                 .zip(results)
                 .map(|((key, due), result)| {
-                    let outcome = match result {
-                        Ok((index, result)) => FireOutcome::applied(index, &result),
-                        Err(ProposeError::NotLeader { .. }) => FireOutcome::NotLeader,
-                        Err(_) => FireOutcome::Unknown,
-                    };
+                    let outcome = fire_outcome(result, || *leading.get_or_insert_with(|| still_leading(&ctx)));
                     (key, due, outcome)
                 })
                 .collect();
@@ -743,5 +776,32 @@ impl FireLoop {
             .saturating_sub(self.core.loaded_until_ms());
         metrics::gauge!("tocsin_loader_lag_seconds", "shard" => shard.clone()).set(lag_ms as f64 / 1000.0);
         metrics::gauge!("tocsin_fire_behind_seconds", "shard" => shard).set(self.core.behind_ms() as f64 / 1000.0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tocsin_core::command::SkipReason;
+    use tocsin_store::NodeAddr;
+
+    #[test]
+    fn a_refusal_naming_no_leader_stops_the_loop_only_when_the_node_no_longer_leads() {
+        let no_leader = || Err(ProposeError::NotLeader { leader: None });
+        // The lease lapsed on a node that still leads: look again later.
+        assert_eq!(fire_outcome(no_leader(), || true), FireOutcome::Unknown);
+        // Not leading any more: deposed.
+        assert_eq!(fire_outcome(no_leader(), || false), FireOutcome::NotLeader);
+        // A refusal naming another leader is a deposition whatever the
+        // metrics say, and the metrics are not asked.
+        let named = Err(ProposeError::NotLeader { leader: Some((2, NodeAddr::default())) });
+        assert_eq!(fire_outcome(named, || panic!("metrics asked")), FireOutcome::NotLeader);
+        assert_eq!(fire_outcome(Err(ProposeError::NoQuorum), || panic!("metrics asked")), FireOutcome::Unknown);
+        assert_eq!(fire_outcome(Err(ProposeError::Timeout), || panic!("metrics asked")), FireOutcome::Unknown);
+        let stale = Ok((7, CommandResult::Skipped { reason: SkipReason::StaleEpoch }));
+        assert_eq!(
+            fire_outcome(stale, || panic!("metrics asked")),
+            FireOutcome::Applied { index: 7, skipped: Some(SkipReason::StaleEpoch) }
+        );
     }
 }
