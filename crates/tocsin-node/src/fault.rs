@@ -20,7 +20,8 @@
 //! The points, by name: `proposer::reply` (every reply of one entry),
 //! `leader::fire_reply` (the `Fire` outcomes of one batch),
 //! `leader::fire_refused` (one `Fire` batch, answered as openraft answers a
-//! leader whose lease lapsed: not leader, naming none; nothing proposed),
+//! leader whose lease lapsed, `ForwardReason::LeaseExpired`, through the
+//! proposer's own mapping; nothing proposed),
 //! `webhook::record_outcome` (one attempt-outcome proposal),
 //! `events::lose` (one applied entry that dispatched nothing, lost to its
 //! shard leader's fire loop as a full queue loses it),

@@ -184,6 +184,12 @@ pub const METRICS: &[(&str, Kind, Unit, &str)] = &[
         "Timers the fire loop read again from the index after an unknown outcome",
     ),
     (
+        "tocsin_fire_lease_refusals_total",
+        Kind::Counter,
+        Unit::Count,
+        "Fires openraft refused because this leader's lease lapsed (re-read, not a deposition)",
+    ),
+    (
         "tocsin_fire_behind_seconds",
         Kind::Gauge,
         Unit::Seconds,

@@ -125,9 +125,10 @@ impl Group {
         >,
     ) -> NodeError {
         match (self, to_propose_error(e)) {
-            (Group::Shard(ctx), e @ (ProposeError::NotLeader { .. } | ProposeError::Discarded { .. })) => {
-                NodeError::from_propose(ctx.shard, e)
-            }
+            (
+                Group::Shard(ctx),
+                e @ (ProposeError::NotLeader { .. } | ProposeError::LeaseLapsed | ProposeError::Discarded { .. }),
+            ) => NodeError::from_propose(ctx.shard, e),
             (_, other) => NodeError::unavailable(format!("{what} of {} failed: {other}", self.name()), 500),
         }
     }

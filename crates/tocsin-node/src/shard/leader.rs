@@ -272,21 +272,23 @@ async fn establish(ctx: &ShardCtx) -> Option<u64> {
                 tracing::warn!(shard = ctx.shard, ?other, "unexpected epoch result");
                 return None;
             }
-            // Right after an election openraft refuses writes, naming no
-            // leader, until a quorum has confirmed the new leader's lease
-            // (`ForwardReason::LeaseExpired`; seen in every chaos
-            // kill-leader run, within 1 ms of the election, and later on a
-            // busy node). Giving up there costs the supervisor's 250 ms
+            // Right after an election openraft refuses writes until a
+            // quorum has confirmed the new leader's lease (seen in every
+            // chaos kill-leader run, within 1 ms of the election, and later
+            // on a busy node). Giving up there costs the supervisor's 250 ms
             // restart pause; so did a cap of 20 tries 5 ms apart, whenever
-            // the lease took over 100 ms. A refusal that names another
-            // leader, or metrics that no longer say this node leads, end
-            // the task as before.
-            Err(ProposeError::NotLeader { leader: None })
-                if still_leading(ctx)
-                    && refused_since.get_or_insert_with(std::time::Instant::now).elapsed() < EPOCH_REFUSED_PATIENCE =>
+            // the lease took over 100 ms. A lease still unconfirmed after
+            // the patience, or a refusal as not leader, ends the task as
+            // before.
+            Err(ProposeError::LeaseLapsed)
+                if refused_since.get_or_insert_with(std::time::Instant::now).elapsed() < EPOCH_REFUSED_PATIENCE =>
             {
-                tracing::debug!(shard = ctx.shard, "leader epoch refused right after the election; retrying");
+                tracing::debug!(shard = ctx.shard, "leader epoch refused until a quorum confirms the lease; retrying");
                 tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(ProposeError::LeaseLapsed) => {
+                tracing::info!(shard = ctx.shard, "leader epoch refused: no quorum confirmed the lease in time");
+                return None;
             }
             Err(ProposeError::NotLeader { leader }) => {
                 // The supervisor restarts the task (after its pause) if
@@ -331,21 +333,29 @@ fn still_leading(ctx: &ShardCtx) -> bool {
 }
 
 /// What a proposed `Fire`'s result tells the fire loop. openraft refuses a
-/// write naming no leader when the leader's lease has lapsed
-/// (`ForwardReason::LeaseExpired`: a busy leader, or one briefly cut off),
-/// and the node may still lead: while its metrics say so (`leading`, asked
-/// only for such a refusal) the timer is re-read after the retry delay, as
-/// for any unknown outcome, instead of the loop stopping as if deposed and
-/// its timers waiting out the supervisor's restart pause. A refusal that
-/// names a leader, or comes when the metrics no longer say this node leads,
-/// is a deposition.
-fn fire_outcome(result: Result<(u64, CommandResult), ProposeError>, leading: impl FnOnce() -> bool) -> FireOutcome {
+/// write from a leader whose lease has lapsed (a busy leader, or one briefly
+/// cut off) and that still leads: the timer is re-read after the retry
+/// delay, as for any unknown outcome, instead of the loop stopping as if
+/// deposed and its timers waiting out the supervisor's restart pause. A
+/// refusal as not leader (naming a leader or not) is a deposition.
+fn fire_outcome(result: Result<(u64, CommandResult), ProposeError>) -> FireOutcome {
     match result {
         Ok((index, result)) => FireOutcome::applied(index, &result),
-        Err(ProposeError::NotLeader { leader: None }) if leading() => FireOutcome::Unknown,
         Err(ProposeError::NotLeader { .. }) => FireOutcome::NotLeader,
         Err(_) => FireOutcome::Unknown,
     }
+}
+
+/// The error openraft's refusal of a leader whose lease lapsed maps to
+/// (`ensure_writable_leader_handler`), for the fault point
+/// `leader::fire_refused` and the tests.
+fn lapsed_lease_refusal() -> ProposeError {
+    use openraft::error::ClientWriteError;
+    use openraft::error::ForwardReason;
+    use openraft::error::ForwardToLeader;
+    use openraft::error::RaftError;
+    let refusal = ForwardToLeader::empty().with_reason(ForwardReason::LeaseExpired);
+    crate::shard::proposer::to_propose_error(RaftError::APIError(ClientWriteError::ForwardToLeader(refusal)))
 }
 
 /// What the loop's I/O tasks report back.
@@ -689,9 +699,9 @@ impl FireLoop {
                 .map(|(key, due)| Command::Fire { key: key.clone(), due_ms: *due, epoch, timeout_ms })
                 .collect();
             let mut results = if crate::fault::hit("leader::fire_refused").await.is_some() {
-                // A test has openraft's lapsed-lease refusal, which names no
-                // leader, answer this batch (nothing is proposed).
-                commands.iter().map(|_| Err(ProposeError::NotLeader { leader: None })).collect()
+                // A test has openraft's lapsed-lease refusal answer this
+                // batch (nothing is proposed), mapped as openraft's own is.
+                commands.iter().map(|_| Err(lapsed_lease_refusal())).collect()
             } else {
                 ctx.proposer.propose_all(commands).await
             };
@@ -699,15 +709,12 @@ impl FireLoop {
                 // A test loses this batch's outcomes (the entries apply anyway).
                 results.iter_mut().for_each(|r| *r = Err(ProposeError::Timeout));
             }
-            let mut leading = None;
-            let outcomes = fires
-                .into_iter()
-                .zip(results)
-                .map(|((key, due), result)| {
-                    let outcome = fire_outcome(result, || *leading.get_or_insert_with(|| still_leading(&ctx)));
-                    (key, due, outcome)
-                })
-                .collect();
+            let refused = results.iter().filter(|r| matches!(r, Err(ProposeError::LeaseLapsed))).count();
+            if refused > 0 {
+                metrics::counter!("tocsin_fire_lease_refusals_total").increment(refused as u64);
+            }
+            let outcomes =
+                fires.into_iter().zip(results).map(|((key, due), result)| (key, due, fire_outcome(result))).collect();
             let _ = tx.send(Io::Fired { outcomes });
         });
     }
@@ -786,22 +793,16 @@ mod tests {
     use tocsin_store::NodeAddr;
 
     #[test]
-    fn a_refusal_naming_no_leader_stops_the_loop_only_when_the_node_no_longer_leads() {
-        let no_leader = || Err(ProposeError::NotLeader { leader: None });
+    fn a_lapsed_lease_re_reads_and_a_refusal_as_not_leader_stops_the_loop() {
         // The lease lapsed on a node that still leads: look again later.
-        assert_eq!(fire_outcome(no_leader(), || true), FireOutcome::Unknown);
-        // Not leading any more: deposed.
-        assert_eq!(fire_outcome(no_leader(), || false), FireOutcome::NotLeader);
-        // A refusal naming another leader is a deposition whatever the
-        // metrics say, and the metrics are not asked.
+        assert_eq!(fire_outcome(Err(lapsed_lease_refusal())), FireOutcome::Unknown);
+        // Not leading any more, whether or not the new leader is known: deposed.
+        assert_eq!(fire_outcome(Err(ProposeError::NotLeader { leader: None })), FireOutcome::NotLeader);
         let named = Err(ProposeError::NotLeader { leader: Some((2, NodeAddr::default())) });
-        assert_eq!(fire_outcome(named, || panic!("metrics asked")), FireOutcome::NotLeader);
-        assert_eq!(fire_outcome(Err(ProposeError::NoQuorum), || panic!("metrics asked")), FireOutcome::Unknown);
-        assert_eq!(fire_outcome(Err(ProposeError::Timeout), || panic!("metrics asked")), FireOutcome::Unknown);
+        assert_eq!(fire_outcome(named), FireOutcome::NotLeader);
+        assert_eq!(fire_outcome(Err(ProposeError::NoQuorum)), FireOutcome::Unknown);
+        assert_eq!(fire_outcome(Err(ProposeError::Timeout)), FireOutcome::Unknown);
         let stale = Ok((7, CommandResult::Skipped { reason: SkipReason::StaleEpoch }));
-        assert_eq!(
-            fire_outcome(stale, || panic!("metrics asked")),
-            FireOutcome::Applied { index: 7, skipped: Some(SkipReason::StaleEpoch) }
-        );
+        assert_eq!(fire_outcome(stale), FireOutcome::Applied { index: 7, skipped: Some(SkipReason::StaleEpoch) });
     }
 }

@@ -103,6 +103,12 @@ pub enum ProposeError {
     /// This node does not lead the shard; `leader` is the current one if known.
     #[error("not the shard leader")]
     NotLeader { leader: Option<(u64, NodeAddr)> },
+    /// This node leads the shard, but openraft refused the write until a
+    /// quorum confirms its lease (`ForwardReason::LeaseExpired`: right after
+    /// an election, on a busy leader, or on one briefly cut off). Nothing was
+    /// proposed; the same node may take it a moment later.
+    #[error("the shard leader's lease is not confirmed by a quorum")]
+    LeaseLapsed,
     /// Leadership changed while the command was in the log: it may or may
     /// not be applied. Creates and cancels are idempotent, so retrying with
     /// the same id is safe.
@@ -575,8 +581,14 @@ pub(crate) fn to_propose_error(
     >,
 ) -> ProposeError {
     use openraft::error::ClientWriteError;
+    use openraft::error::ForwardReason;
     use openraft::error::RaftError;
     match e {
+        // Told apart from "not leader": both name no leader, but this node
+        // still leads and a deposition would stop its fire loop for nothing.
+        RaftError::APIError(ClientWriteError::ForwardToLeader(f)) if f.reason == ForwardReason::LeaseExpired => {
+            ProposeError::LeaseLapsed
+        }
         RaftError::APIError(ClientWriteError::ForwardToLeader(f)) => {
             ProposeError::NotLeader { leader: f.leader_id.zip(f.leader_node) }
         }
@@ -603,6 +615,13 @@ impl NodeError {
             ProposeError::NotLeader { leader } => NodeError::Unavailable {
                 message: format!("this node does not lead shard {shard}"),
                 leader: hint(leader),
+                retry_after_ms: 50,
+            },
+            ProposeError::LeaseLapsed => NodeError::Unavailable {
+                message: format!(
+                    "this node leads shard {shard} but waits for a quorum to confirm its lease; nothing was written, retry"
+                ),
+                leader: None,
                 retry_after_ms: 50,
             },
             ProposeError::Discarded { leader } => NodeError::Unavailable {
@@ -651,6 +670,32 @@ mod tests {
     use super::*;
 
     const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[test]
+    fn a_lapsed_lease_is_told_apart_from_not_leading() {
+        use openraft::error::ClientWriteError;
+        use openraft::error::ForwardReason;
+        use openraft::error::ForwardToLeader;
+        use openraft::error::RaftError;
+        let refused = |f: ForwardToLeader<tocsin_store::TypeConfig>| {
+            to_propose_error(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))
+        };
+        // What `ensure_writable_leader_handler` answers a leader whose lease lapsed.
+        let lapsed = ForwardToLeader::empty().with_reason(ForwardReason::LeaseExpired);
+        assert!(matches!(refused(lapsed), ProposeError::LeaseLapsed));
+        // Not leading, no leader known (a candidate, a deposed leader).
+        assert!(matches!(refused(ForwardToLeader::empty()), ProposeError::NotLeader { leader: None }));
+        // Handing leadership over: the target is named.
+        let transfer = ForwardToLeader::new(2, NodeAddr::default()).with_reason(ForwardReason::LeadershipTransfer);
+        assert!(matches!(refused(transfer), ProposeError::NotLeader { leader: Some((2, _)) }));
+        // The client is told to retry, with no other node named.
+        match NodeError::from_propose(3, ProposeError::LeaseLapsed) {
+            NodeError::Unavailable { leader: None, retry_after_ms: 50, message } => {
+                assert!(message.contains("lease"), "{message}")
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
 
     #[test]
     fn creates_pass_until_the_queue_head_has_waited_past_the_bound() {
