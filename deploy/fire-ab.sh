@@ -3,7 +3,8 @@
 # three `tocsin serve` nodes (12 shards, as ../shared/peers/side-by-side.sh
 # starts them) on loopback, runs `tocsin bench fire` against them, then
 # prints the bench's summary, the Raft entries the nodes' proposers wrote
-# (`tocsin_raft_write_seconds_count` from /metrics, summed over nodes) and
+# (`tocsin_raft_write_seconds_count` from /metrics, summed over nodes), the
+# fires a lapsed lease refused (`tocsin_fire_lease_refusals_total`) and
 # the CPU the nodes used over the run (utime + stime from /proc). Run it
 # with two builds in turn for an A/B in one hour; figures from different
 # hours of this machine do not compare.
@@ -32,6 +33,7 @@ echo "fire-ab: $nodes node(s), $rate timers/s for $seconds s, $(date -u +%H:%M:%
 after="$(ab_cpu_ticks)"
 entries=0
 lost=0
+refused=0
 for i in $(seq "$nodes"); do
   metrics="$(curl -fs "http://127.0.0.1:$((7061 + 10 * i))/metrics")"
   n="$(awk '/^tocsin_raft_write_seconds_count/ { n += $2 } END { print n + 0 }' <<<"$metrics")"
@@ -39,5 +41,8 @@ for i in $(seq "$nodes"); do
   # Applied entries a leader's fire loop did not hear of (its queue was full).
   n="$(awk '/^tocsin_wheel_event_overflows_total/ { n += $2 } END { print n + 0 }' <<<"$metrics")"
   lost=$((lost + ${n%.*}))
+  # Fires openraft refused because a leader's lease lapsed (each re-read).
+  n="$(awk '/^tocsin_fire_lease_refusals_total/ { n += $2 } END { print n + 0 }' <<<"$metrics")"
+  refused=$((refused + ${n%.*}))
 done
-echo "entries written: $entries; entries lost to full fire-loop queues: $lost; node CPU over the run: $(awk -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.1f", t / hz }') s"
+echo "entries written: $entries; entries lost to full fire-loop queues: $lost; fires refused by a lapsed lease: $refused; node CPU over the run: $(awk -v t=$((after - before)) -v hz="$(getconf CLK_TCK)" 'BEGIN { printf "%.1f", t / hz }') s"
