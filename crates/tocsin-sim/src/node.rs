@@ -80,6 +80,10 @@ const PROPOSE_TIMEOUT: Duration = Duration::from_secs(3);
 enum ProposeError {
     /// Refused before it entered the log.
     NotLeader(Option<u64>),
+    /// Refused before it entered the log by a node that still leads, until
+    /// a quorum confirms its lease (`ForwardReason::LeaseExpired`), as the
+    /// node's proposer tells it apart (`ProposeError::LeaseLapsed`).
+    LeaseLapsed,
     /// It may or may not apply.
     Unknown,
 }
@@ -249,6 +253,11 @@ impl Node {
         }
         match result {
             Ok(Ok(resp)) => Ok((resp.log_id.index(), resp.data.results)),
+            Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))))
+                if f.reason == openraft::error::ForwardReason::LeaseExpired =>
+            {
+                Err(ProposeError::LeaseLapsed)
+            }
             Ok(Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f)))) => {
                 Err(ProposeError::NotLeader(f.leader_id))
             }
@@ -302,6 +311,8 @@ impl Node {
         match self.propose(vec![command]).await {
             Ok((index, mut results)) => ClientReply::Applied { index, result: Box::new(results.remove(0)) },
             Err(ProposeError::NotLeader(leader)) => ClientReply::NotLeader { leader },
+            // Nothing was written; the node names no other leader.
+            Err(ProposeError::LeaseLapsed) => ClientReply::NotLeader { leader: None },
             Err(ProposeError::Unknown) => ClientReply::Unknown,
         }
     }
@@ -454,7 +465,9 @@ impl Node {
             }
             match self.propose(vec![command.clone()]).await {
                 Ok(_) | Err(ProposeError::NotLeader(_)) => return,
-                Err(ProposeError::Unknown) => tokio::time::sleep(Duration::from_millis(100)).await,
+                Err(ProposeError::LeaseLapsed | ProposeError::Unknown) => {
+                    tokio::time::sleep(Duration::from_millis(100)).await
+                }
             }
         }
     }
@@ -577,7 +590,9 @@ async fn lead(node: Arc<Node>) {
                 _ => return,
             },
             Err(ProposeError::NotLeader(_)) => return,
-            Err(ProposeError::Unknown) => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(ProposeError::LeaseLapsed | ProposeError::Unknown) => {
+                tokio::time::sleep(Duration::from_millis(50)).await
+            }
         }
     }
     let Some(epoch) = epoch else { return };
@@ -646,7 +661,7 @@ async fn lead(node: Arc<Node>) {
                                 let outcome = match &result {
                                     Ok((index, results)) => FireOutcome::applied(*index, &results[i]),
                                     Err(ProposeError::NotLeader(_)) => FireOutcome::NotLeader,
-                                    Err(ProposeError::Unknown) => FireOutcome::Unknown,
+                                    Err(ProposeError::LeaseLapsed | ProposeError::Unknown) => FireOutcome::Unknown,
                                 };
                                 (key, due_ms, outcome)
                             })
