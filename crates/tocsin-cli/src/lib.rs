@@ -12,6 +12,8 @@ mod bench;
 #[cfg(feature = "server")]
 mod certs;
 mod cluster;
+#[cfg(feature = "server")]
+mod logpipe;
 mod probe;
 #[cfg(feature = "server")]
 mod run;

@@ -8,6 +8,9 @@ use anyhow::Context;
 use tocsin_node::Node;
 use tocsin_node::NodeConfig;
 
+use crate::logpipe::FlushOnDrop;
+use crate::logpipe::LogPipe;
+
 #[derive(clap::Args)]
 pub struct DevArgs {
     /// Data directory (RocksDB and snapshots).
@@ -79,10 +82,13 @@ pub struct ServeArgs {
     peer_tls_dir: Option<PathBuf>,
 }
 
-fn init_logging(filter: &str, format: tocsin_node::config::LogFormat) {
+/// Logs to stderr through [`LogPipe`]: no thread of the node waits on its
+/// log. The returned guard flushes it when the command ends.
+fn init_logging(filter: &str, format: tocsin_node::config::LogFormat) -> anyhow::Result<FlushOnDrop> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(filter));
-    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let pipe = LogPipe::start(std::io::stderr(), crate::logpipe::QUEUE_LINES).context("starting the log writer")?;
+    let builder = tracing_subscriber::fmt().with_env_filter(filter).with_writer(pipe.clone());
     let _ = match format {
         // One JSON object per line, with the event's target (`access` for
         // the access log) so a pipeline can route by it.
@@ -93,6 +99,7 @@ fn init_logging(filter: &str, format: tocsin_node::config::LogFormat) {
     };
     // Test builds only: fault points armed by the FAILPOINTS variable.
     tocsin_node::fault::setup_from_env();
+    Ok(FlushOnDrop(pipe))
 }
 
 fn install_metrics() -> Option<metrics_exporter_prometheus::PrometheusHandle> {
@@ -160,7 +167,7 @@ pub async fn dev(args: DevArgs) -> anyhow::Result<ExitCode> {
     // A dev node's receivers run on the same machine: the SSRF guard lets
     // loopback through (and the banner says so); `tocsin serve` does not.
     config.delivery.webhook_allow = DEV_WEBHOOK_ALLOW.iter().map(|s| s.to_string()).collect();
-    init_logging(&config.log, config.log_format);
+    let _log = init_logging(&config.log, config.log_format)?;
     let shards = config.num_shards;
     let data = args.data.display().to_string();
     run_until_signal(config, None, |node| {
@@ -257,7 +264,7 @@ fn serve_config(args: &ServeArgs) -> anyhow::Result<(NodeConfig, Vec<String>)> {
 
 pub async fn serve(args: ServeArgs) -> anyhow::Result<ExitCode> {
     let (config, ignored) = serve_config(&args)?;
-    init_logging(&config.log, config.log_format);
+    let _log = init_logging(&config.log, config.log_format)?;
     for name in ignored {
         tracing::warn!(
             variable = %name,

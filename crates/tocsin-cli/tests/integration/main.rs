@@ -17,6 +17,7 @@ mod failure_path;
 mod faults;
 mod grpc_conventions;
 mod lifecycle;
+mod logging;
 mod memory;
 mod openapi;
 mod peer_port;

@@ -33,6 +33,9 @@ pub struct NodeProcess {
     /// How the readiness probe reaches a node with client TLS, which
     /// answers https only.
     probe_tls: Option<ProbeTls>,
+    /// Set: the node's stderr is a pipe this holds and never reads, so
+    /// once the pipe is full every write to it would wait.
+    stuck_stderr: Option<Option<std::io::PipeReader>>,
 }
 
 /// The files a probe of a node with client TLS presents: the CA that
@@ -62,11 +65,27 @@ impl NodeProcess {
         NodeProcess::start_single(dir, &[], env, Some(tls))
     }
 
+    /// [`start`](Self::start) with its stderr a pipe nobody reads: a log
+    /// shipper that stopped, a stalled disk. Its log is not kept.
+    pub fn start_with_stuck_stderr(dir: &std::path::Path, env: &[(&str, &str)]) -> NodeProcess {
+        NodeProcess::start_single_with(dir, &[], env, None, true)
+    }
+
     fn start_single(
         dir: &std::path::Path,
         args: &[&str],
         env: &[(&str, &str)],
         probe_tls: Option<ProbeTls>,
+    ) -> NodeProcess {
+        NodeProcess::start_single_with(dir, args, env, probe_tls, false)
+    }
+
+    fn start_single_with(
+        dir: &std::path::Path,
+        args: &[&str],
+        env: &[(&str, &str)],
+        probe_tls: Option<ProbeTls>,
+        stuck_stderr: bool,
     ) -> NodeProcess {
         let ports = free_ports(3);
         let mut node = NodeProcess {
@@ -80,6 +99,7 @@ impl NodeProcess {
             child: None,
             log: dir.join("node.log"),
             probe_tls,
+            stuck_stderr: stuck_stderr.then_some(None),
         };
         node.spawn();
         node.wait_ready();
@@ -138,13 +158,21 @@ impl NodeProcess {
             child: None,
             log: dir.join(format!("node-{node_id}.log")),
             probe_tls: None,
+            stuck_stderr: None,
         };
         node.spawn();
         node
     }
 
     fn spawn(&mut self) {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let log: Stdio = match &mut self.stuck_stderr {
+            Some(reader) => {
+                let (r, w) = std::io::pipe().unwrap();
+                *reader = Some(r);
+                w.into()
+            }
+            None => std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap().into(),
+        };
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_tocsin"));
         let id = self.node_id.to_string();
         cmd.args(["serve", "--node-id", &id, "--grpc", &self.grpc, "--http", &self.http, "--peer", &self.peer])
