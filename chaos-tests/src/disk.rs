@@ -102,6 +102,28 @@ pub fn fill(dir: &Path, leave_bytes: u64, name: &str) -> anyhow::Result<Option<P
     Ok(Some(path))
 }
 
+/// Mounts a tmpfs of `size_mib` MiB at `dir` for the whole run's records
+/// and logs (`--dir-tmpfs-mib`), unless a tmpfs is mounted there already
+/// (an earlier run's, reused: each scenario clears its own directory).
+/// Left mounted at exit, so a failure's records can still be read;
+/// [`cleanup`] never unmounts it.
+pub fn mount_run_dir(dir: &Path, size_mib: u64) -> anyhow::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let canonical = dir.canonicalize()?;
+    let mounts = std::fs::read_to_string("/proc/mounts").unwrap_or_default();
+    let mounted = mounts.lines().any(|l| {
+        let mut fields = l.split_whitespace();
+        let (point, kind) = (fields.nth(1), fields.next());
+        point.map(Path::new) == Some(canonical.as_path()) && kind == Some("tmpfs")
+    });
+    if !mounted {
+        let text = canonical.display().to_string();
+        sh(&["mount", "-t", "tmpfs", "-o", &format!("size={size_mib}m"), "tocsin-chaos-runs", &text])
+            .context("mounting a tmpfs at the run directory")?;
+    }
+    Ok(())
+}
+
 fn release_cgroup() {
     let group = Path::new(BLKIO_ROOT).join(CGROUP);
     if !group.exists() {
@@ -149,7 +171,8 @@ pub fn cleanup(base: &Path) {
         .lines()
         .filter_map(|l| l.split_whitespace().nth(1))
         .map(PathBuf::from)
-        .filter(|p| p.starts_with(&base))
+        // Below `base`, not `base` itself: that is `--dir-tmpfs-mib`'s.
+        .filter(|p| p.starts_with(&base) && *p != base)
         .collect();
     // Deepest first.
     ours.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
