@@ -323,12 +323,7 @@ async fn fires_refused_by_a_lapsed_lease_do_not_stop_the_fire_loop() {
         "the fire loop restarted under a new epoch: a refusal naming no leader was taken for a deposition"
     );
     // The refusals were the lapsed lease's, and counted as such.
-    let metrics = crate::support::metrics_text(&node.http).await;
-    let refused: u64 = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("tocsin_fire_lease_refusals_total "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64);
+    let refused = crate::support::metric_value(&node.http, "tocsin_fire_lease_refusals_total").await;
     assert!(refused >= 3, "{refused} fires counted as refused by a lapsed lease, want at least one per refused batch");
 }
 

@@ -20,12 +20,7 @@ use crate::support::percentiles;
 const TIMERS: usize = 300;
 
 async fn dropped_lines(http: &str) -> u64 {
-    crate::support::metrics_text(http)
-        .await
-        .lines()
-        .find_map(|l| l.strip_prefix("tocsin_log_lines_dropped_total "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
+    crate::support::metric_value(http, "tocsin_log_lines_dropped_total").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

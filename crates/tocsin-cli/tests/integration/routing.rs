@@ -20,10 +20,7 @@ use crate::support::NodeProcess;
 
 /// `tocsin_forwarded_requests_total` of the node whose HTTP API is `http`.
 async fn forwarded(http: &str) -> u64 {
-    let body = crate::support::metrics_text(http).await;
-    body.lines()
-        .find_map(|l| l.strip_prefix("tocsin_forwarded_requests_total ")?.trim().parse::<f64>().ok())
-        .map_or(0, |v| v as u64)
+    crate::support::metric_value(http, "tocsin_forwarded_requests_total").await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -351,6 +351,17 @@ pub async fn metrics_text(http: &str) -> String {
     client.get(format!("http://{http}/metrics")).send().await.unwrap().text().await.unwrap()
 }
 
+/// The value of the unlabelled metric `name` a node serves on `http`; 0
+/// while it has none (a counter not yet counted is not shown).
+pub async fn metric_value(http: &str, name: &str) -> u64 {
+    let prefix = format!("{name} ");
+    metrics_text(http)
+        .await
+        .lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str())?.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
 /// Polls `done` every 50 ms until it holds; fails the test, naming `what`,
 /// if it does not within `limit`.
 pub async fn wait_for(what: &str, limit: Duration, mut done: impl AsyncFnMut() -> bool) {
